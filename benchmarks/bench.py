@@ -1,0 +1,571 @@
+"""Benchmark mla_decode against the best peer kernel on the anchor cases.
+
+Usage (from the repository root, on an sm_90a GPU, after ``mla-variants build``):
+
+    python benchmarks/bench.py                      # every anchor case, 50 cold reps each
+    python benchmarks/bench.py --quick --limit 8    # smoke test
+    python benchmarks/bench.py --heads 128 --page 64 --batch 1,8 --check
+    python benchmarks/bench.py --anchors PATH --json out.json --num-kv-splits 4
+
+Cases come from ``<repo>/../shared/anchors-h200.json`` (or ``--anchors PATH``): each holds num_heads,
+batch, page_size, the exact seq_lens and the best peer's cold and CUDA-graph times. Without that file
+the same grid is generated here (heads {16,32,64,128} x batch {1,8,32,128} x seq {1024,4096,16384} x
+page {1,16,64,128}, plus ragged batches), with no peer numbers to compare against.
+
+Timing follows the anchors' method:
+  cold  : before each call the L2 is flushed by reading a 512 MiB buffer; the call alone is timed
+          between two CUDA events; median of --reps (default 50) after warm-up.
+  graph : 20 back-to-back calls captured in one CUDA graph (outputs, workspace and num_kv_splits fixed
+          beforehand so nothing allocates during capture); each replay is timed with CUDA events and
+          the median replay time / 20 is reported.
+Each case's KV pool is filled on the device (random values, pages randomly permuted over one pool,
+NaN in every cache slot no request uses), so building even the 2.4 GB cases takes milliseconds.
+
+Derived numbers (from the cold time): TB/s = (sum(seq_lens) * 576 + q + out elements) * element size
+/ time; TFLOP/s = 2 * sum(seq_lens) * heads * q_len * (576 + 512) / time, each also as a percentage of
+the ceilings measured with the anchors (HBM read 4.463 TB/s, bf16 matmul 785.9 TFLOP/s by default).
+"peer/ours" > 1 means this library is faster than the best peer.
+
+Results (rows, summary and environment) are written to --json, by default
+``<repo>/bench-results/bench-<timestamp>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # use this checkout's package (and its generated/ + build/)
+
+import torch  # noqa: E402
+
+from mla_variants import (LibraryNotBuiltError, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
+                          mla_decode, mla_decode_reference, workspace_size)
+from mla_variants.testing import compare  # noqa: E402
+
+HEAD_DIM = 576        # kv_lora_rank 512 + qk_rope_head_dim 64
+V_DIM = 512
+SOFTMAX_SCALE = (128 + 64) ** -0.5
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_CEILINGS = {"read_tbps": 4.463, "bf16_matmul_tflops": 785.9}
+FLUSH_BYTES = 512 << 20
+GRAPH_CALLS = 20      # calls captured per CUDA graph
+EXTRA_PAGES = 3       # unused (NaN) pages in each pool
+CHECK_FULL_TOKENS = 1 << 20   # --check: every request when sum(seq_lens) <= this, else a subset
+CHECK_SUBSET = 8
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases
+# ------------------------------------------------------------------------------------------------
+
+def default_anchors_path() -> Path:
+    return REPO.parent / "shared" / "anchors-h200.json"
+
+
+def generated_grid(seed: int = 0) -> list[dict]:
+    """The anchor grid without peer numbers; ragged batches (normal around the mean, sd 25%, >= 1)
+    for heads {16, 128} x batch 32 x seq 4096 at every page size, as in the anchors."""
+    cases = []
+    for heads in (16, 32, 64, 128):
+        for batch in (1, 8, 32, 128):
+            for seq in (1024, 4096, 16384):
+                for page in (1, 16, 64, 128):
+                    cases.append(dict(num_heads=heads, batch=batch, seq_mean=seq, page_size=page,
+                                      ragged=False, seq_lens=[seq] * batch))
+    for heads in (16, 128):
+        rng = random.Random(seed * 1000 + heads)
+        batch, seq = 32, 4096
+        lens = [max(1, round(rng.gauss(seq, 0.25 * seq))) for _ in range(batch)]
+        for page in (1, 16, 64, 128):
+            cases.append(dict(num_heads=heads, batch=batch, seq_mean=seq, page_size=page,
+                              ragged=True, seq_lens=list(lens)))
+    return cases
+
+
+def load_cases(args) -> tuple[list[dict], dict, str | None]:
+    """(cases, anchor metadata, anchors path or None when the grid was generated)."""
+    path = Path(args.anchors) if args.anchors else default_anchors_path()
+    if path.is_file():
+        data = json.loads(path.read_text())
+        cases = []
+        for c in data["cases"]:
+            c = dict(c)
+            c.setdefault("seq_lens", [c["seq_mean"]] * c["batch"])
+            cases.append(c)
+        meta = {k: v for k, v in data.items() if k != "cases"}
+        return cases, meta, str(path)
+    if args.anchors:
+        sys.exit(f"--anchors {path}: no such file")
+    print(f"note: no anchors file at {path}; generating the grid (no peer numbers)", flush=True)
+    return generated_grid(), {}, None
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def select_cases(cases: list[dict], args) -> list[dict]:
+    keep = []
+    for c in cases:
+        if args.heads and c["num_heads"] not in args.heads:
+            continue
+        if args.batch and c["batch"] not in args.batch:
+            continue
+        if args.seq and c["seq_mean"] not in args.seq:
+            continue
+        if args.page and c["page_size"] not in args.page:
+            continue
+        if args.ragged is not None and bool(c.get("ragged")) != args.ragged:
+            continue
+        keep.append(c)
+    return keep[: args.limit] if args.limit else keep
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs, built on the device
+# ------------------------------------------------------------------------------------------------
+
+class KVPool:
+    """One flat device buffer reused by every case (grown when a case needs more): a case views its
+    first num_pages * page_size rows as [num_pages, page_size, 576] and refills them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buf: torch.Tensor | None = None
+
+    def view(self, num_pages: int, page_size: int, dtype: torch.dtype) -> torch.Tensor:
+        rows = num_pages * page_size
+        if self.buf is None or self.buf.dtype != dtype or self.buf.shape[0] < rows:
+            self.buf = None  # free the old pool before allocating the larger one
+            self.buf = torch.empty(rows, HEAD_DIM, dtype=dtype, device=self.device)
+        return self.buf[:rows].view(num_pages, page_size, HEAD_DIM)
+
+
+def build_inputs(pool: KVPool, seq_lens: list[int], num_heads: int, page_size: int, q_len: int,
+                 dtype: torch.dtype, gen: torch.Generator) -> dict:
+    """q, kv_cache, block_table and seq_lens for one case. Pages are a random permutation of the pool;
+    unused pages and the slots past each request's last token are NaN; table entries past a
+    request's last page are 0 (never read)."""
+    device = pool.device
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    pages_per = (lens + page_size - 1) // page_size
+    width = max(int(pages_per.max()), 1)
+    used_pages = int(pages_per.sum())
+    num_pages = used_pages + EXTRA_PAGES
+    batch = len(seq_lens)
+
+    kv = pool.view(num_pages, page_size, dtype)
+    kv.normal_(0.0, 0.1, generator=gen)
+    perm = torch.randperm(num_pages, device=device, generator=gen)
+
+    pages_dev = pages_per.to(device)
+    starts = torch.cumsum(pages_dev, 0) - pages_dev
+    col = torch.arange(width, device=device)
+    in_use = col[None, :] < pages_dev[:, None]
+    idx = (starts[:, None] + col[None, :]).clamp_(max=num_pages - 1)
+    block_table = torch.where(in_use, perm[idx], torch.zeros_like(idx)).to(torch.int32).contiguous()
+    del idx, in_use
+
+    # Poison: the extra pages, and the tail of each request's last page.
+    kv[perm[used_pages:]] = float("nan")
+    rem = (lens % page_size).to(device)
+    has_tail = (rem > 0) & (pages_dev > 0)
+    if bool(has_tail.any()):
+        last = block_table.gather(1, (pages_dev - 1).clamp(min=0)[:, None]).squeeze(1).long()
+        slot = torch.arange(page_size, device=device)
+        tail = has_tail[:, None] & (slot[None, :] >= rem[:, None])
+        kv[last[:, None].expand(batch, page_size)[tail], slot.expand(batch, page_size)[tail]] = float("nan")
+
+    q = torch.empty(batch, q_len, num_heads, HEAD_DIM, dtype=dtype, device=device).normal_(0.0, 0.1, generator=gen)
+    return dict(q=q, kv_cache=kv, block_table=block_table,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device))
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------------
+
+class L2Flush:
+    """Reads a 512 MiB buffer (a sum: read-dominated, one scalar written) to evict the 50 MB L2."""
+
+    def __init__(self, device: torch.device):
+        self.buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        torch.sum(self.buf)
+
+
+def time_cold(fn, flush: L2Flush, reps: int, warmup: int) -> float:
+    """Median microseconds of fn() with the L2 flushed before each call."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        flush()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def time_graph(fn, replays: int, warmup: int) -> float:
+    """Median microseconds per call of GRAPH_CALLS back-to-back calls replayed from one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream before capture (torch docs)
+        for _ in range(max(warmup, 2)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()  # one untimed replay
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    t = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)) / GRAPH_CALLS
+    del graph
+    return t
+
+
+def host_overhead_us(inputs: dict, num_kv_splits: int, n: int = 200) -> dict:
+    """Host time of one eager mla_decode call (issue only: no synchronization inside the loop)."""
+    args = (inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE)
+    batch, q_len, heads, _ = inputs["q"].shape
+    out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=inputs["q"].device)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=out.device)
+    ws = torch.empty(max(workspace_size(batch, heads, q_len, num_kv_splits), 16), dtype=torch.uint8, device=out.device)
+    result = {}
+    for name, kw in (("default_args", {}),
+                     ("preallocated", dict(num_kv_splits=num_kv_splits, out=out, lse=lse, workspace=ws))):
+        for _ in range(20):
+            mla_decode(*args, **kw)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            mla_decode(*args, **kw)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        result[name] = (t1 - t0) / n * 1e6
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# One case
+# ------------------------------------------------------------------------------------------------
+
+def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
+    """Compare with the fp32 reference: every request when the case is small, else a spread subset."""
+    lens = inputs["seq_lens"]
+    batch = lens.shape[0]
+    if int(lens.sum()) <= CHECK_FULL_TOKENS or batch <= CHECK_SUBSET:
+        idx = torch.arange(batch, device=lens.device)
+    else:
+        idx = torch.linspace(0, batch - 1, CHECK_SUBSET, device=lens.device).round().long().unique()
+    ref_out, ref_lse = mla_decode_reference(inputs["q"][idx], inputs["kv_cache"], inputs["block_table"][idx],
+                                            lens[idx], SOFTMAX_SCALE)
+    return compare(out[idx], lse[idx], ref_out, ref_lse)
+
+
+def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
+    """--num-kv-splits, else the split count mla_decode's heuristic picks for this case by default
+    (its max_seq_len defaults to the block table's capacity: widest request's pages x page_size)."""
+    if args.num_kv_splits:
+        return args.num_kv_splits
+    page = case["page_size"]
+    width = max(max(-(-n // page) for n in case["seq_lens"]), 1)
+    return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count)
+
+
+def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,
+             dtype: torch.dtype, q_len: int) -> dict:
+    """Build the inputs, optionally check them, and time the cold and graph calls."""
+    heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
+    batch = len(seq_lens)
+    inputs = build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
+    device = inputs["q"].device
+    out = torch.empty(batch, q_len, heads, V_DIM, dtype=dtype, device=device)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
+    ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
+
+    def call():
+        mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                   num_kv_splits=splits, out=out, lse=lse, workspace=ws)
+
+    row: dict = {"num_kv_splits": splits}
+    if args.check:
+        call()
+        problems = check_case(inputs, out, lse)
+        row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
+    row["cold_us"] = time_cold(call, flush, args.reps, args.warmup)
+    row["graph_us"] = time_graph(call, args.graph_replays, args.warmup)
+    return row
+
+
+def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict) -> None:
+    heads, batch, tokens = case["num_heads"], len(case["seq_lens"]), sum(case["seq_lens"])
+    nbytes = tokens * HEAD_DIM * elem + batch * q_len * heads * (HEAD_DIM + V_DIM) * elem
+    flops = 2 * tokens * heads * q_len * (HEAD_DIM + V_DIM)
+    t = row["cold_us"] * 1e-6
+    row["tbps"] = nbytes / t / 1e12
+    row["pct_read"] = 100 * row["tbps"] / ceilings["read_tbps"]
+    row["tflops"] = flops / t / 1e12
+    row["pct_matmul"] = 100 * row["tflops"] / ceilings["bf16_matmul_tflops"]
+    if case.get("best_us"):
+        row["peer_ratio"] = case["best_us"] / row["cold_us"]
+    if case.get("best_graph_us") and row.get("graph_us"):
+        row["peer_graph_ratio"] = case["best_graph_us"] / row["graph_us"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------------
+
+COLUMNS = [("heads", 5), ("batch", 5), ("seq", 7), ("page", 4), ("splits", 6), ("cold us", 8), ("graph us", 8),
+           ("TB/s", 5), ("%read", 5), ("TFLOP/s", 7), ("%mm", 4), ("peer us", 8), ("peer/us", 7),
+           ("peer gr", 8), ("gr ratio", 8)]
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_header() -> None:
+    print(" ".join(name.rjust(w) for name, w in COLUMNS), flush=True)
+
+
+def print_row(case: dict, row: dict) -> None:
+    seq = f"{case['seq_mean']}{'v' if case.get('ragged') else ''}"
+    cells = [case["num_heads"], case["batch"], seq, case["page_size"],
+             f"{row['num_kv_splits']}{'' if row.get('exact_variant', True) else '*'}",
+             _fmt(row.get("cold_us"), ".1f"), _fmt(row.get("graph_us"), ".1f"), _fmt(row.get("tbps"), ".2f"),
+             _fmt(row.get("pct_read"), ".0f"), _fmt(row.get("tflops"), ".0f"), _fmt(row.get("pct_matmul"), ".0f"),
+             _fmt(case.get("best_us"), ".1f"), _fmt(row.get("peer_ratio"), ".2f"),
+             _fmt(case.get("best_graph_us"), ".1f"), _fmt(row.get("peer_graph_ratio"), ".2f")]
+    line = " ".join(str(c).rjust(w) for c, (_, w) in zip(cells, COLUMNS))
+    if row.get("check", "pass") != "pass":
+        line += "  " + row["check"]
+    print(line, flush=True)
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(results: list[dict]) -> dict:
+    done = [r for r in results if r.get("cold_us") is not None]
+    cold = [r["peer_ratio"] for r in done if r.get("peer_ratio")]
+    graph = [r["peer_graph_ratio"] for r in done if r.get("peer_graph_ratio")]
+    return {
+        "cases_run": len(done),
+        "cases_skipped": sum(1 for r in results if r.get("skipped")),
+        "cases_failed": sum(1 for r in results if r.get("error") or str(r.get("check", "pass")) != "pass"),
+        "geomean_peer_over_ours_cold": geomean(cold),
+        "geomean_peer_over_ours_graph": geomean(graph),
+        "at_or_below_peer_cold": sum(1 for x in cold if x >= 1.0),
+        "at_or_below_peer_graph": sum(1 for x in graph if x >= 1.0),
+        "compared_cold": len(cold),
+        "compared_graph": len(graph),
+    }
+
+
+def environment() -> dict:
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "git_commit": None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update(gpu=props.name, sm_count=props.multi_processor_count,
+                   capability=f"sm_{props.major}{props.minor}", gpu_memory_gib=round(props.total_memory / 2**30, 1))
+    try:
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                           text=True, timeout=10, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        env["variants"] = [list(k) for k in list_variants()]
+    except Exception:  # noqa: BLE001 - the environment record must not fail the run
+        env["variants"] = None
+    return env
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Timing method and output: see the module docstring (benchmarks/bench.py).")
+    p.add_argument("--anchors", help="anchor cases JSON (default: <repo>/../shared/anchors-h200.json; "
+                                     "without it the grid is generated, with no peer numbers)")
+    p.add_argument("--heads", type=_int_list, help="only these head counts, e.g. 16,128")
+    p.add_argument("--batch", type=_int_list, help="only these batch sizes, e.g. 1,8")
+    p.add_argument("--seq", type=_int_list, help="only these mean sequence lengths, e.g. 4096")
+    p.add_argument("--page", type=_int_list, help="only these page sizes, e.g. 1,64")
+    p.add_argument("--ragged", action=argparse.BooleanOptionalAction, default=None,
+                   help="only ragged (--ragged) or only uniform (--no-ragged) batches; default both")
+    p.add_argument("--limit", type=int, help="run at most N cases (after filtering)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                   help="q / cache / out dtype (the peers were measured in bf16)")
+    p.add_argument("--num-kv-splits", type=int, help="force the split count (default: the library's heuristic)")
+    p.add_argument("--reps", type=int, help="cold timed calls per case (default 50; 10 with --quick)")
+    p.add_argument("--graph-replays", type=int, help=f"timed replays of the {GRAPH_CALLS}-call graph "
+                                                     "(default 20; 10 with --quick)")
+    p.add_argument("--warmup", type=int, help="untimed calls before timing (default 5; 2 with --quick)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, for smoke tests")
+    p.add_argument("--check", action="store_true",
+                   help=f"verify each case against the fp32 reference (all requests when sum(seq_lens) <= "
+                        f"{CHECK_FULL_TOKENS}, else {CHECK_SUBSET} requests spread over the batch)")
+    p.add_argument("--json", help="result file (default: <repo>/bench-results/bench-<timestamp>.json)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    args = p.parse_args(argv)
+    args.reps = args.reps or (10 if args.quick else 50)
+    args.graph_replays = args.graph_replays or (10 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
+    if args.num_kv_splits is not None and not 1 <= args.num_kv_splits <= 256:
+        p.error("--num-kv-splits must be from 1 to 256")
+    if args.reps < 1 or args.graph_replays < 1:
+        p.error("--reps and --graph-replays must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU available: the benchmark needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+        return 1
+    try:
+        variants = list_variants()
+    except LibraryNotBuiltError as e:
+        print(f"{e}\nbuild first: mla-variants build   (or: python -m codegen build)", file=sys.stderr)
+        return 1
+
+    cases, meta, anchors_path = load_cases(args)
+    cases = select_cases(cases, args)
+    if not cases:
+        print("no case matches the filters", file=sys.stderr)
+        return 1
+    ceilings = {**DEFAULT_CEILINGS, **meta.get("ceilings", {})}
+    q_len = int(meta.get("q_len", 1))
+    dtype = DTYPES[args.dtype]
+    device = torch.device("cuda", torch.cuda.current_device())
+    env = environment()
+    sm_count = env["sm_count"]
+
+    print(f"mla-variants bench: {len(cases)} cases, {args.dtype}, q_len {q_len}, {env['gpu']} ({sm_count} SMs), "
+          f"torch {env['torch']}; {len(variants)} compiled variants", flush=True)
+    print(f"anchors: {anchors_path or 'none (generated grid)'}; ceilings: read {ceilings['read_tbps']} TB/s, "
+          f"matmul {ceilings['bf16_matmul_tflops']} TFLOP/s; cold reps {args.reps}, graph replays "
+          f"{args.graph_replays} x {GRAPH_CALLS} calls" + ("; checking against the fp32 reference" if args.check else ""),
+          flush=True)
+    if args.dtype != "bf16" and anchors_path:
+        print("note: the peer times were measured in bf16", flush=True)
+
+    pool = KVPool(device)
+    flush = L2Flush(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    compiled = set(variants)
+
+    # Host overhead, once, on the smallest servable case.
+    small = min((c for c in cases if is_supported(c["num_heads"], c["page_size"], args.dtype)),
+                key=lambda c: (sum(c["seq_lens"]), c["num_heads"]), default=None)
+    overhead = None
+    if small is not None:
+        inputs = build_inputs(pool, small["seq_lens"], small["num_heads"], small["page_size"], q_len, dtype, gen)
+        splits = case_splits(small, args, q_len, sm_count)
+        if is_supported(small["num_heads"], small["page_size"], args.dtype, split=splits > 1):
+            overhead = host_overhead_us(inputs, splits)
+            print(f"host overhead of one eager call (heads {small['num_heads']}, batch {small['batch']}, "
+                  f"seq {small['seq_mean']}, page {small['page_size']}): {overhead['default_args']:.1f} us with "
+                  f"default arguments, {overhead['preallocated']:.1f} us with preallocated out/lse/workspace",
+                  flush=True)
+        del inputs
+    print("('*' after splits: no exact variant, served by a larger head count or head groups)", flush=True)
+    print_header()
+
+    results = []
+    t_start = time.perf_counter()
+    for i, case in enumerate(cases):
+        heads, page, batch = case["num_heads"], case["page_size"], len(case["seq_lens"])
+        rec = {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us",
+                                        "best_peer", "best_graph_us", "best_graph_peer")}
+        rec.update(index=i, dtype=args.dtype, q_len=q_len, seq_total=sum(case["seq_lens"]))
+        if case.get("ragged"):
+            rec["seq_lens"] = case["seq_lens"]
+        splits = case_splits(case, args, q_len, sm_count)
+        split = splits > 1
+        if not is_supported(heads, page, args.dtype, split=split):
+            rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {args.dtype}, "
+                              f"{'split' if split else 'nosplit'}")
+            print(f"[{i + 1}/{len(cases)}] skip {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['skipped']}", flush=True)
+            results.append(rec)
+            continue
+        try:
+            row = run_case(case, splits, args, pool, flush, gen, dtype, q_len)
+        except (RuntimeError, ValueError, LookupError) as e:  # CUDA errors, MLAInputError, VariantNotCompiledError
+            rec["error"] = f"{type(e).__name__}: {e}"
+            print(f"[{i + 1}/{len(cases)}] error {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['error']}", flush=True)
+            results.append(rec)
+            continue
+        row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
+            not split and (heads, page, args.dtype, True) in compiled)
+        derived(case, row, dtype.itemsize, q_len, ceilings)
+        rec.update(row)
+        results.append(rec)
+        print_row(case, row)
+    elapsed = time.perf_counter() - t_start
+
+    summary = summarize(results)
+    print(f"\n{summary['cases_run']} cases run, {summary['cases_skipped']} skipped, {summary['cases_failed']} failed "
+          f"in {elapsed:.0f} s")
+    if summary["compared_cold"]:
+        print(f"cold : geomean peer/ours {summary['geomean_peer_over_ours_cold']:.3f}; at or below the best peer in "
+              f"{summary['at_or_below_peer_cold']} of {summary['compared_cold']} cases")
+    if summary["compared_graph"]:
+        print(f"graph: geomean peer/ours {summary['geomean_peer_over_ours_graph']:.3f}; at or below the best peer in "
+              f"{summary['at_or_below_peer_graph']} of {summary['compared_graph']} cases")
+
+    out_path = Path(args.json) if args.json else (
+        REPO / "bench-results" / f"bench-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "environment": env,
+        "args": {k: v for k, v in vars(args).items()},
+        "anchors": anchors_path,
+        "anchors_meta": meta,
+        "ceilings": ceilings,
+        "method": {"cold": f"L2 flushed by reading {FLUSH_BYTES >> 20} MiB before each call, CUDA events, "
+                           f"median of {args.reps}",
+                   "graph": f"{GRAPH_CALLS} calls in one CUDA graph, median of {args.graph_replays} replays / "
+                            f"{GRAPH_CALLS}",
+                   "inputs": "random N(0, 0.1^2) q and cache; pages randomly permuted over one pool; NaN in unused slots"},
+        "host_overhead_us": overhead,
+        "elapsed_s": elapsed,
+        "summary": summary,
+        "cases": results,
+    }
+    out_path.write_text(json.dumps(report, indent=1))
+    print(f"results written to {out_path}", flush=True)
+    return 1 if summary["cases_failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

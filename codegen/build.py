@@ -1,0 +1,172 @@
+"""Configure and run the CMake + ninja build of the rendered variants.
+
+Records nvcc's resource usage (registers, stack, spills) per variant in <build>/resource_usage.json
+and fails, naming the variant, when a kernel spills registers to local memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .render import ROOT, write_if_changed
+from .variant import Variant
+
+LIBRARY_NAME = "libmla_variants.so"
+
+
+class BuildError(RuntimeError):
+    """The build could not run or a variant failed to compile; the message says which and why."""
+
+
+def cutlass_include_dir() -> Path:
+    """The CUTLASS/CuTe headers shipped in the nvidia-cutlass wheel (cutlass_library/source/include)."""
+    import importlib.util
+
+    # find the package without importing it (its __init__ pulls in optional Python dependencies)
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError("the nvidia-cutlass package is not installed: pip install nvidia-cutlass==4.2.0.0")
+    inc = Path(list(spec.submodule_search_locations)[0]).resolve() / "source" / "include"
+    if not (inc / "cute" / "tensor.hpp").is_file():
+        raise BuildError(f"nvidia-cutlass is installed but has no CuTe headers under {inc}")
+    return inc
+
+
+def _tool(module: str, exe: str) -> str:
+    try:
+        mod = __import__(module)
+        path = Path(mod.BIN_DIR if module == "ninja" else mod.CMAKE_BIN_DIR) / exe
+        if path.is_file():
+            return str(path)
+    except (ImportError, AttributeError):
+        pass
+    found = shutil.which(exe)
+    if found is None:
+        raise BuildError(f"{exe} not found: pip install {module}")
+    return found
+
+
+def find_nvcc() -> str:
+    for cand in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file():
+            return cand
+    raise BuildError("nvcc not found: install the CUDA toolkit (12.8 or newer) or set CUDACXX")
+
+
+# ptxas -v lines, e.g. "Compiling entry function '_ZN3mla17mla_decode_kernelIN7cutlass10bfloat16_tELi16ELi64ELb1EEE...'"
+_ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla17mla_decode_kernelI[^']*)'")
+_MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t)ELi(\d+)ELi(\d+)ELb([01])E")
+_DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16"}
+_REGS_RE = re.compile(r"Used (\d+) registers")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/(mla_decode_[a-z0-9_]+)\.cu\.o")
+
+
+def _variant_of_mangled(symbol: str) -> Variant | None:
+    m = _MANGLED_RE.search(symbol)
+    if m is None:
+        return None
+    dtype = next(d for token, d in _DTYPE_OF.items() if f"cutlass{token}" in symbol)
+    return Variant(int(m.group(1)), int(m.group(2)), dtype, m.group(3) == "1")
+
+
+def parse_resource_usage(log: str) -> dict[str, dict]:
+    """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output."""
+    usage: dict[str, dict] = {}
+    current: Variant | None = None
+    for line in log.splitlines():
+        m = _ENTRY_RE.search(line)
+        if m:
+            current = _variant_of_mangled(m.group(1))
+            continue
+        if current is None:
+            continue
+        rec = usage.setdefault(current.name, {})
+        if (m := _SPILL_RE.search(line)):
+            rec.update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)), spill_load_bytes=int(m.group(3)))
+        elif (m := _REGS_RE.search(line)):
+            rec["registers"] = int(m.group(1))
+            current = None
+    return usage
+
+
+@dataclass
+class BuildSummary:
+    variants: int
+    compiled: int
+    seconds: float
+    library: Path
+    library_bytes: int
+    usage: dict[str, dict]
+
+
+def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: int | None = None,
+          echo=print) -> BuildSummary:
+    """Configure (when needed) and build the library from `generated_dir` into `build_dir`."""
+    t0 = time.monotonic()
+    generated_dir, build_dir = Path(generated_dir).resolve(), Path(build_dir).resolve()
+    cmake, ninja, nvcc = _tool("cmake", "cmake"), _tool("ninja", "ninja"), find_nvcc()
+    args = [
+        cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={ninja}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
+        "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
+    ]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    stamp = build_dir / "mla_configure.json"
+    if write_if_changed(stamp, json.dumps(args, indent=1) + "\n") or not (build_dir / "build.ninja").exists():
+        echo(f"configuring CMake in {build_dir}")
+        proc = subprocess.run(args, capture_output=True, text=True)
+        if proc.returncode != 0:
+            stamp.unlink(missing_ok=True)
+            raise BuildError(f"CMake configuration failed:\n{proc.stdout}\n{proc.stderr}")
+
+    jobs = jobs or os.cpu_count() or 1
+    cmd = [cmake, "--build", str(build_dir), "--", f"-j{jobs}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "NINJA_STATUS": "[%f/%t] "})
+    log_lines, compiled = [], 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log_lines.append(line)
+        m = _OBJ_RE.search(line)
+        if m:
+            compiled += 1
+            echo(f"  [{m.group(1)}/{m.group(2)}] compiling {m.group(3)}")
+    rc = proc.wait()
+    log = "".join(log_lines)
+    (build_dir / "last_build.log").write_text(log)
+    if rc != 0:
+        failed = sorted(set(re.findall(r"FAILED: .*?(mla_decode_[a-z0-9_]+)\.cu\.o", log)))
+        raise BuildError(f"build failed{' in ' + ', '.join(failed) if failed else ''} "
+                         f"(full log: {build_dir / 'last_build.log'}):\n{log[-6000:]}")
+
+    usage_path = build_dir / "resource_usage.json"
+    usage = json.loads(usage_path.read_text()) if usage_path.exists() else {}
+    usage.update(parse_resource_usage(log))
+    usage = {k: usage[k] for k in sorted(usage) if k in {v.name for v in variants}}
+    write_if_changed(usage_path, json.dumps(usage, indent=2, sort_keys=True) + "\n")
+    spilled = [n for n, r in usage.items() if r.get("spill_store_bytes", 0) or r.get("spill_load_bytes", 0)
+               or r.get("stack_bytes", 0)]
+    if spilled:
+        for name in spilled:  # force a recompile next time so the error is not forgotten
+            (generated_dir / "variants" / f"{name}.cu").touch()
+        raise BuildError("register spills to local memory in: " + ", ".join(
+            f"{n} ({usage[n].get('spill_store_bytes', 0)} B stores, {usage[n].get('stack_bytes', 0)} B stack)" for n in spilled))
+
+    lib = build_dir / LIBRARY_NAME
+    if not lib.is_file():
+        raise BuildError(f"the build finished but {lib} is missing")
+    return BuildSummary(len(variants), compiled, time.monotonic() - t0, lib, lib.stat().st_size, usage)
+
+
+def echo_flush(msg: str) -> None:
+    print(msg, flush=True)
+    sys.stdout.flush()

@@ -1,0 +1,107 @@
+"""Command line: ``mla-variants`` (console script) or ``python -m codegen``.
+
+    mla-variants build  [--preset NAME] [--filter PATTERN ...] [-j N]   render, configure, compile, emit dispatch
+    mla-variants generate [--preset NAME] [--filter PATTERN ...]        render only
+    mla-variants list                                                    print the dispatch table of the last build
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from .build import LIBRARY_NAME, BuildError, build, echo_flush
+from .config import ConfigError, load_config
+from .render import ROOT, render
+from .variant import Variant
+
+
+def select(variants: list[Variant], patterns: list[str] | None) -> list[Variant]:
+    """Keep variants whose name contains a match of any pattern: a substring (``h16_p64``) or a shell
+    glob matched anywhere in the name (``h16_p*_bf16``)."""
+    if not patterns:
+        return list(variants)
+    def hit(name: str, pat: str) -> bool:
+        return fnmatch.fnmatchcase(name, f"*{pat}*") if any(c in pat for c in "*?[") else pat in name
+    return [v for v in variants if any(hit(v.name, p) for p in patterns)]
+
+
+def _selected(args) -> list[Variant]:
+    config = load_config(args.config)
+    if args.preset:
+        if args.preset not in config.presets:
+            raise ConfigError(config.path, None, f"unknown preset {args.preset!r}; presets: {', '.join(config.presets)}")
+        base = config.presets[args.preset].variants()
+    else:
+        base = config.variants()
+    chosen = select(base, args.filter)
+    if not chosen:
+        raise ConfigError(config.path, None, f"--filter {args.filter} matches none of the {len(base)} variants "
+                                             f"(names look like {base[0].name})")
+    return config, chosen
+
+
+def _load_dispatch(generated_dir: Path):
+    path = generated_dir / "dispatch.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_mla_dispatch_listing", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cmd_list(args) -> int:
+    mod = _load_dispatch(Path(args.generated_dir))
+    if mod is None:
+        print(f"no dispatch table in {args.generated_dir}: run `mla-variants build` first", file=sys.stderr)
+        return 1
+    usage_path = Path(args.build_dir) / "resource_usage.json"
+    usage = json.loads(usage_path.read_text()) if usage_path.exists() else {}
+    print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>5} {'split':>5}  {'registers':>9}  launcher")
+    for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
+        regs = usage.get(name, {}).get("registers", "?")
+        print(f"{h:>9} {p:>9} {d:>5} {str(s).lower():>5}  {regs:>9}  {name}")
+    print(f"{len(mod.VARIANTS)} variants, library {Path(args.generated_dir) / mod.LIBRARY}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mla-variants", description="Generate, build and list MLA decode kernel variants.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, help_ in (("build", "render, compile and emit the dispatch table"),
+                        ("generate", "render sources, sources.cmake, manifest and dispatch table only"),
+                        ("list", "print the dispatch table of the last build")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--config", default=str(ROOT / "variants.yaml"), help="variants file (default: %(default)s)")
+        p.add_argument("--generated-dir", default=str(ROOT / "generated"), help="rendered sources (default: %(default)s)")
+        p.add_argument("--build-dir", default=str(ROOT / "build"), help="CMake build tree (default: %(default)s)")
+        if name != "list":
+            p.add_argument("--preset", help="build only this preset's variants (see variants.yaml presets)")
+            p.add_argument("--filter", action="append", metavar="PATTERN",
+                           help="keep variants whose name matches (glob, or substring); repeatable")
+        if name == "build":
+            p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            return cmd_list(args)
+        config, chosen = _selected(args)
+        gen, bdir = Path(args.generated_dir), Path(args.build_dir)
+        res = render(config, chosen, gen, bdir / LIBRARY_NAME)
+        echo_flush(f"rendered {len(chosen)} variants into {gen} ({len(res.written)} files written, "
+                   f"{len(res.removed)} stale removed)")
+        if args.cmd == "generate":
+            return 0
+        s = build(gen, bdir, chosen, args.jobs, echo=echo_flush)
+        regs = [r.get("registers") for r in s.usage.values() if r.get("registers")]
+        echo_flush(f"built {s.variants} variants ({s.compiled} translation units compiled) in {s.seconds:.1f} s; "
+                   f"library {s.library} ({s.library_bytes / 2**20:.1f} MiB)"
+                   + (f"; registers {min(regs)}-{max(regs)}, no spills" if regs else ""))
+        return 0
+    except (ConfigError, BuildError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

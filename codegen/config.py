@@ -1,0 +1,191 @@
+"""Read and validate variants.yaml.
+
+Every error is a :class:`ConfigError` that names the file, the line and the offending key or value.
+The schema (see README.md, "variants.yaml reference"):
+
+    dims:    {kv_lora_rank: 512, qk_rope_head_dim: 64}   # fixed; anything else is rejected
+    arch:    sm_90a
+    axes:    {num_heads: [...], page_size: [...], dtype: [...], split: [...]}
+    presets: {<name>: {description: str, num_heads: [...], page_size: [...], dtype: [...], split: [...]}}
+
+A preset selects a subset of the axes (a missing axis means all of its values); a value outside the
+axes is an impossible combination.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .variant import DTYPES, Variant
+
+AXES = ("num_heads", "page_size", "dtype", "split")
+SUPPORTED_ARCHS = ("sm_90a",)
+FIXED_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
+MAX_NUM_HEADS = 128  # rows beyond this are served by launching head groups
+MAX_PAGE_SIZE = 1024
+
+
+class ConfigError(ValueError):
+    """variants.yaml is malformed; the message names file:line and the key or value."""
+
+    def __init__(self, path: str, line: int | None, message: str):
+        self.path, self.line = path, line
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    axes: dict[str, tuple]
+    line: int
+
+    def variants(self) -> list[Variant]:
+        return _product(self.axes)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    text: str
+    arch: str
+    dims: dict[str, int]
+    axes: dict[str, tuple]
+    axis_lines: dict[str, int]
+    presets: dict[str, Preset] = field(default_factory=dict)
+
+    def variants(self) -> list[Variant]:
+        """Every variant of the full cross product of the axes, sorted by name."""
+        return _product(self.axes)
+
+
+def _product(axes: dict[str, tuple]) -> list[Variant]:
+    out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))}
+    return sorted(out, key=lambda v: v.name)
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _Reader:
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, node: yaml.Node | None, message: str) -> None:
+        raise ConfigError(self.path, _line(node) if node is not None else None, message)
+
+    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what}: expected a mapping, got {node.tag.rsplit(':', 1)[-1]}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key not in allowed:
+                self.fail(k, f"{what}: unknown key {key!r}; allowed keys are {', '.join(allowed)}")
+            if key in out:
+                self.fail(k, f"{what}: key {key!r} appears twice")
+            out[key] = (k, v)
+        for key in required:
+            if key not in out:
+                self.fail(node, f"{what}: missing required key {key!r}")
+        return out
+
+    def scalar(self, node: yaml.Node, what: str, kind: type):
+        value = yaml.safe_load(yaml.serialize(node)) if isinstance(node, yaml.ScalarNode) else None
+        if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+            self.fail(node, f"{what}: expected an integer, got {node.value if isinstance(node, yaml.ScalarNode) else node.tag!r}")
+        if kind is bool and not isinstance(value, bool):
+            self.fail(node, f"{what}: expected true or false, got {node.value if isinstance(node, yaml.ScalarNode) else node.tag!r}")
+        if kind is str and not isinstance(value, str):
+            self.fail(node, f"{what}: expected a string, got {value!r}")
+        return value
+
+    def axis_values(self, axis: str, node: yaml.Node, what: str) -> tuple:
+        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.fail(node, f"{what}: expected at least one value")
+        values = []
+        for item in items:
+            if axis in ("num_heads", "page_size"):
+                v = self.scalar(item, what, int)
+                hi = MAX_NUM_HEADS if axis == "num_heads" else MAX_PAGE_SIZE
+                if not 1 <= v <= hi:
+                    self.fail(item, f"{what}: expected an integer from 1 to {hi}, got {v}")
+            elif axis == "dtype":
+                v = self.scalar(item, what, str)
+                if v not in DTYPES:
+                    self.fail(item, f"{what}: unknown dtype {v!r}; supported: {', '.join(DTYPES)}")
+            else:
+                v = self.scalar(item, what, bool)
+            if v in values:
+                self.fail(item, f"{what}: value {v!r} is listed twice")
+            values.append(v)
+        return tuple(values)
+
+
+def load_config(path: str | Path) -> Config:
+    """Parse and validate variants.yaml; raises ConfigError (file:line: message) on any problem."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(path, None, f"cannot read the variants file: {e.strerror}") from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: str = "variants.yaml") -> Config:
+    r = _Reader(path)
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(path, mark.line + 1 if mark else None, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    if root is None:
+        raise ConfigError(path, None, "the file is empty; expected keys dims, arch, axes")
+    top = r.mapping(root, "top level", ("dims", "arch", "axes", "presets"), ("dims", "arch", "axes"))
+
+    dims_node = top["dims"][1]
+    dims = {}
+    for key, (k, v) in r.mapping(dims_node, "dims", tuple(FIXED_DIMS), tuple(FIXED_DIMS)).items():
+        dims[key] = r.scalar(v, f"dims.{key}", int)
+        if dims[key] != FIXED_DIMS[key]:
+            r.fail(v, f"dims.{key}: only {FIXED_DIMS[key]} is supported (the DeepSeek MLA layout), got {dims[key]}")
+
+    arch_node = top["arch"][1]
+    arch = r.scalar(arch_node, "arch", str)
+    if arch not in SUPPORTED_ARCHS:
+        r.fail(arch_node, f"arch: expected one of {', '.join(SUPPORTED_ARCHS)}, got {arch!r}")
+
+    axes: dict[str, tuple] = {}
+    axis_lines: dict[str, int] = {}
+    for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES).items():
+        axes[key] = r.axis_values(key, v, f"axes.{key}")
+        axis_lines[key] = _line(k)
+
+    presets: dict[str, Preset] = {}
+    if "presets" in top:
+        pnode = top["presets"][1]
+        if not isinstance(pnode, yaml.MappingNode):
+            r.fail(pnode, "presets: expected a mapping of preset name -> selection")
+        for k, v in pnode.value:
+            name = r.scalar(k, "presets", str)
+            if name in presets:
+                r.fail(k, f"presets: preset {name!r} is defined twice")
+            fields = r.mapping(v, f"presets.{name}", ("description",) + AXES, ("description",))
+            sel = dict(axes)
+            for axis in AXES:
+                if axis not in fields:
+                    continue
+                vals = r.axis_values(axis, fields[axis][1], f"presets.{name}.{axis}")
+                for val, item in zip(vals, fields[axis][1].value if isinstance(fields[axis][1], yaml.SequenceNode) else [fields[axis][1]]):
+                    if val not in axes[axis]:
+                        r.fail(item, f"presets.{name}.{axis}: impossible combination: {val!r} is not in axes.{axis} "
+                                     f"{list(axes[axis])} (line {axis_lines[axis]}); add it there first")
+                sel[axis] = vals
+            presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel, _line(k))
+    return Config(path, text, arch, dims, axes, axis_lines, presets)

@@ -1,0 +1,70 @@
+"""The identity of one compiled kernel variant.
+
+A variant is the tuple (num_heads, page_size, dtype, split). Its ``name`` is a pure function of those
+fields and is the single string used for the generated file, the exported C symbol, the manifest
+entry and the dispatch key; :meth:`Variant.from_name` parses it back.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: dtype token in variants.yaml -> (C++ element type, torch dtype name)
+DTYPES: dict[str, tuple[str, str]] = {
+    "bf16": ("cutlass::bfloat16_t", "bfloat16"),
+    "fp16": ("cutlass::half_t", "float16"),
+}
+
+_NAME_RE = re.compile(r"^mla_decode_h(?P<h>[1-9][0-9]*)_p(?P<p>[1-9][0-9]*)_(?P<d>[a-z0-9]+)_(?P<s>split|nosplit)$")
+
+
+@dataclass(frozen=True, order=True)
+class Variant:
+    """One (num_heads, page_size, dtype, split) kernel.
+
+    num_heads: query heads the kernel is compiled for; calls with fewer heads mask the extra rows.
+    page_size: KV-cache tokens per page (compile-time divisor of the block_table lookup).
+    dtype: "bf16" or "fp16" (q, kv_cache and out share it).
+    split: True when the kernel writes split-KV partials to a workspace and a combine kernel merges
+        them; False when it writes out/lse directly (num_kv_splits must be 1).
+    """
+
+    num_heads: int
+    page_size: int
+    dtype: str
+    split: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_heads, int) or isinstance(self.num_heads, bool) or self.num_heads < 1:
+            raise ValueError(f"Variant.num_heads: expected a positive int, got {self.num_heads!r}")
+        if not isinstance(self.page_size, int) or isinstance(self.page_size, bool) or self.page_size < 1:
+            raise ValueError(f"Variant.page_size: expected a positive int, got {self.page_size!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Variant.dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.split, bool):
+            raise ValueError(f"Variant.split: expected a bool, got {self.split!r}")
+
+    @property
+    def name(self) -> str:
+        split = "split" if self.split else "nosplit"
+        return f"mla_decode_h{self.num_heads}_p{self.page_size}_{self.dtype}_{split}"
+
+    @property
+    def key(self) -> tuple[int, int, str, bool]:
+        """The dispatch-table key."""
+        return (self.num_heads, self.page_size, self.dtype, self.split)
+
+    @property
+    def cpp_type(self) -> str:
+        return DTYPES[self.dtype][0]
+
+    @classmethod
+    def from_name(cls, name: str) -> "Variant":
+        """Parse a name produced by :attr:`name`; raises ValueError for anything else."""
+        m = _NAME_RE.match(name)
+        if m is None or m.group("d") not in DTYPES:
+            raise ValueError(
+                f"variant name: expected 'mla_decode_h<num_heads>_p<page_size>_<{'|'.join(sorted(DTYPES))}>_<split|nosplit>', "
+                f"got {name!r}"
+            )
+        return cls(int(m.group("h")), int(m.group("p")), m.group("d"), m.group("s") == "split")

@@ -1,0 +1,17 @@
+"""mla-variants: specialized MLA (DeepSeek latent attention) decode kernels over a paged KV cache.
+
+    from mla_variants import mla_decode
+    out, lse = mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale)
+
+The kernels come from ``mla-variants build`` (variants.yaml -> generated/ -> build/libmla_variants.so).
+"""
+from ._binding import LibraryNotBuiltError
+from .api import (MLAInputError, default_num_kv_splits, is_supported, list_variants, mla_decode,
+                  workspace_size)
+from .dispatch import VariantNotCompiledError
+from .reference import mla_decode_reference
+
+__all__ = [
+    "mla_decode", "mla_decode_reference", "workspace_size", "default_num_kv_splits", "list_variants",
+    "is_supported", "MLAInputError", "VariantNotCompiledError", "LibraryNotBuiltError",
+]

@@ -1,0 +1,93 @@
+"""The only place that touches the compiled library: locate the generated dispatch table, load the
+shared library once through ctypes, and call a launcher with an ``MlaDecodeArgs`` struct
+(templates/mla/abi.h: raw pointers, int64 strides and sizes, the CUDA stream)."""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+
+_i32, _i64, _vp, _f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class MlaDecodeArgs(ctypes.Structure):
+    """Mirror of the C struct MlaDecodeArgs in templates/mla/abi.h (same field order and types)."""
+
+    _fields_ = [
+        ("abi_version", _i32), ("batch", _i32), ("q_len", _i32), ("num_heads", _i32),
+        ("max_pages_per_seq", _i32), ("num_kv_splits", _i32),
+        ("q_nope", _vp), ("q_nope_stride_batch", _i64), ("q_nope_stride_token", _i64), ("q_nope_stride_head", _i64),
+        ("q_pe", _vp), ("q_pe_stride_batch", _i64), ("q_pe_stride_token", _i64), ("q_pe_stride_head", _i64),
+        ("kv_cache", _vp), ("kv_stride_page", _i64), ("kv_stride_token", _i64),
+        ("block_table", _vp), ("block_table_stride", _i64), ("seq_lens", _vp),
+        ("softmax_scale", _f32),
+        ("out", _vp), ("out_stride_batch", _i64), ("out_stride_token", _i64), ("out_stride_head", _i64),
+        ("lse", _vp), ("lse_stride_batch", _i64), ("lse_stride_head", _i64), ("lse_stride_token", _i64),
+        ("workspace", _vp), ("workspace_bytes", _i64),
+        ("stream", _vp),
+    ]
+
+
+class LibraryNotBuiltError(RuntimeError):
+    """No dispatch table or library was found: run ``mla-variants build`` first."""
+
+
+def generated_dir() -> Path:
+    """Where the dispatch table lives: $MLA_VARIANTS_GENERATED, else <repository>/generated."""
+    env = os.environ.get("MLA_VARIANTS_GENERATED")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "generated"
+
+
+class Library:
+    """A loaded build: the dispatch table (key -> symbol) and the ctypes launchers."""
+
+    def __init__(self, gen_dir: Path):
+        table = gen_dir / "dispatch.py"
+        if not table.is_file():
+            raise LibraryNotBuiltError(
+                f"no dispatch table at {table}: build the kernels first with `mla-variants build` "
+                f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
+        spec = importlib.util.spec_from_file_location("mla_variants_dispatch_table", table)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.table: dict[tuple[int, int, str, bool], str] = dict(module.VARIANTS)
+        self.path = (gen_dir / module.LIBRARY).resolve()
+        if not self.path.is_file():
+            raise LibraryNotBuiltError(f"the dispatch table names {self.path}, which does not exist: run `mla-variants build`")
+        self.cdll = ctypes.CDLL(str(self.path))
+        self.cdll.mla_variants_abi_version.restype = ctypes.c_int
+        self.cdll.mla_variants_error_string.restype = ctypes.c_char_p
+        self.cdll.mla_variants_error_string.argtypes = [ctypes.c_int]
+        got = self.cdll.mla_variants_abi_version()
+        if got != ABI_VERSION:
+            raise LibraryNotBuiltError(f"{self.path} has ABI version {got}, this package expects {ABI_VERSION}: rebuild")
+        self._launchers: dict[str, ctypes._CFuncPtr] = {}
+        for name in self.table.values():
+            fn = getattr(self.cdll, name)  # AttributeError here means the table and library disagree
+            fn.argtypes = [ctypes.POINTER(MlaDecodeArgs)]
+            fn.restype = ctypes.c_int
+            self._launchers[name] = fn
+
+    def launch(self, symbol: str, args: MlaDecodeArgs) -> None:
+        code = self._launchers[symbol](ctypes.byref(args))
+        if code != 0:
+            msg = self.cdll.mla_variants_error_string(code).decode()
+            raise RuntimeError(f"{symbol} failed with CUDA error {code}: {msg}")
+
+
+_lock = threading.Lock()
+_library: Library | None = None
+
+
+def library() -> Library:
+    """The process-wide library, loaded on first use (thread-safe); later calls cost one attribute read."""
+    global _library
+    if _library is None:
+        with _lock:
+            if _library is None:
+                _library = Library(generated_dir())
+    return _library

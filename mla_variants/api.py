@@ -1,0 +1,259 @@
+"""mla_decode: one MLA decode step over a paged latent KV cache, dispatched to a compiled variant.
+
+Math: for each request b, query token i and head h, with keys j < seq_lens[b] - (q_len - 1 - i)
+(causal, bottom-right aligned; all keys when q_len == 1):
+    s_j   = softmax_scale * <q[b, i, h, :576], kv[j, :576]>
+    lse   = log(sum_j exp(s_j))                       (natural log; -inf when no key is visible)
+    out   = sum_j exp(s_j - lse) * kv[j, :512]        (0 when no key is visible)
+which is multi-head latent attention with the absorbed up-projections (DeepSeek-V2, arXiv:2405.04434,
+section 2.1) computed with the online softmax of FlashAttention-2 (arXiv:2307.08691) and split-KV
+log-sum-exp merging (flash-decoding).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from . import _binding
+from .dispatch import plan_launches
+
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
+MAX_Q_LEN = 8
+MAX_KV_SPLITS = 256
+BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
+BLOCK_M = 64  # query rows per CTA
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class MLAInputError(ValueError):
+    """A decode argument is wrong; the message names the argument, what was expected and what was given."""
+
+
+def _fail(arg: str, expected: str, got) -> None:
+    raise MLAInputError(f"{arg}: expected {expected}, got {got}")
+
+
+def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -> int:
+    """Bytes of split-KV workspace one call needs: num_kv_splits * batch * q_len * num_heads * (512 + 1)
+    fp32 values (partial outputs plus partial lse). 0 when num_kv_splits == 1."""
+    for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("num_kv_splits", num_kv_splits)):
+        if not isinstance(v, int) or v < (0 if name == "batch" else 1):
+            _fail(name, "a non-negative int" if name == "batch" else "a positive int", repr(v))
+    if num_kv_splits == 1:
+        return 0
+    return num_kv_splits * batch * q_len * num_heads * (KV_LORA_RANK + 1) * 4
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int) -> int:
+    """The split heuristic: split keys only when the unsplit grid leaves SMs idle.
+
+    The unsplit grid has batch * ceil(num_heads * q_len / 64) CTAs (one per SM at a time). When that
+    fills the num_sms SMs, return 1. Otherwise split each request into as many pieces as fill the SMs
+    once, but keep at least 4 tiles (256 keys) per piece, counted on `max_seq_len` (the longest
+    sequence the call may see; block_table's width times page_size when the caller gives nothing
+    better), and at most MAX_KV_SPLITS.
+    """
+    ctas = batch * math.ceil(num_heads * q_len / BLOCK_M)
+    if ctas == 0 or ctas >= num_sms:
+        return 1
+    by_sms = num_sms // ctas
+    by_len = max(1, math.ceil(max_seq_len / BLOCK_N) // 4)
+    return max(1, min(by_sms, by_len, MAX_KV_SPLITS))
+
+
+def _check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(arg, "a torch.Tensor", type(t).__name__)
+    if t.dim() != dims:
+        _fail(arg, f"a {dims}-d tensor", f"shape {tuple(t.shape)}")
+    if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
+        want = " or ".join(str(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,)))
+        _fail(arg, f"dtype {want}", t.dtype)
+    if device is not None and t.device != device:
+        _fail(arg, f"a tensor on {device} (where q is)", t.device)
+
+
+def _check_layout(arg: str, t: torch.Tensor, align_elems: int) -> None:
+    """The kernel reads 16-byte vectors: last dim contiguous, other strides and the base aligned."""
+    if t.stride(-1) != 1:
+        _fail(arg, "a contiguous last dimension (stride 1)", f"strides {tuple(t.stride())}")
+    bad = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and s % align_elems]
+    if bad or t.data_ptr() % (align_elems * t.element_size()):
+        _fail(arg, f"strides that are multiples of {align_elems} elements and a {align_elems * t.element_size()}-byte "
+                   f"aligned start", f"strides {tuple(t.stride())}, data_ptr % 16 = {t.data_ptr() % 16}")
+
+
+def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+               *, num_kv_splits: int | None = None, max_seq_len: int | None = None, out: torch.Tensor | None = None,
+               lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False):
+    """One MLA decode step over a paged latent KV cache.
+
+    Args:
+      q: [batch, q_len, num_heads, 576] bf16/fp16 (576 = kv_lora_rank 512 + qk_rope_head_dim 64), or the
+        pair (q_nope [batch, q_len, num_heads, 512], q_pe [batch, q_len, num_heads, 64]) read in place.
+        Last dimension contiguous, other strides multiples of 8 elements. q_len 1..8; for q_len > 1 the
+        mask is causal and bottom-right aligned (query i sees the first seq_len - (q_len - 1 - i) keys).
+      kv_cache: [num_pages, page_size, 576], q's dtype and device; K is the whole row, V its first 512
+        values. Any page/token stride that is a multiple of 8 elements (a view into a larger buffer works).
+      block_table: [batch, max_pages_per_seq] int32; entries past a request's last page are never read.
+      seq_lens: [batch] int32 on q's device; 0 is legal (out 0, lse -inf). Keys beyond
+        max_pages_per_seq * page_size are not addressable (checked with debug=True).
+      softmax_scale: positive float multiplying q.k (DeepSeek: (128 + 64) ** -0.5 times the YaRN factor).
+      num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits`.
+      max_seq_len: upper bound of seq_lens for the split heuristic (default: the block table's capacity).
+      out: optional preallocated [batch, q_len, num_heads, 512] in q's dtype (last dim contiguous).
+      lse: optional preallocated [batch, num_heads, q_len] fp32.
+      workspace: optional device tensor of at least :func:`workspace_size` bytes for split-KV; when absent
+        and splits are used, one is allocated for this call.
+      debug: check seq_lens and block_table entries against the cache on the host (synchronizes).
+
+    Returns:
+      (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
+
+    Raises:
+      MLAInputError (a ValueError) naming the argument for any wrong shape, dtype, device, stride or value;
+      VariantNotCompiledError when no compiled variant serves (page_size, dtype); LibraryNotBuiltError
+      when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
+    """
+    # -- q ---------------------------------------------------------------------------------------
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            _fail("q", "a tensor or the pair (q_nope, q_pe)", f"a sequence of {len(q)} items")
+        q_nope, q_pe = q
+        _check_tensor("q_nope", q_nope, 4, tuple(_DTYPES))
+        _check_tensor("q_pe", q_pe, 4, q_nope.dtype, q_nope.device)
+        if q_nope.shape[-1] != KV_LORA_RANK:
+            _fail("q_nope", f"last dimension {KV_LORA_RANK} (kv_lora_rank)", f"shape {tuple(q_nope.shape)}")
+        if q_pe.shape[-1] != QK_ROPE_HEAD_DIM:
+            _fail("q_pe", f"last dimension {QK_ROPE_HEAD_DIM} (qk_rope_head_dim)", f"shape {tuple(q_pe.shape)}")
+        if q_pe.shape[:3] != q_nope.shape[:3]:
+            _fail("q_pe", f"leading shape {tuple(q_nope.shape[:3])} (as q_nope)", f"{tuple(q_pe.shape[:3])}")
+    else:
+        _check_tensor("q", q, 4, tuple(_DTYPES))
+        if q.shape[-1] != HEAD_DIM:
+            _fail("q", f"last dimension {HEAD_DIM} (kv_lora_rank 512 + qk_rope_head_dim 64)", f"shape {tuple(q.shape)}")
+        q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+    batch, q_len, num_heads, _ = q_nope.shape
+    dtype, device = q_nope.dtype, q_nope.device
+    if not 1 <= q_len <= MAX_Q_LEN:
+        _fail("q", f"q_len (dim 1) from 1 to {MAX_Q_LEN}", q_len)
+    if num_heads < 1:
+        _fail("q", "num_heads (dim 2) >= 1", num_heads)
+
+    # -- cache and metadata --------------------------------------------------------------------
+    _check_tensor("kv_cache", kv_cache, 3, dtype, device)
+    if kv_cache.shape[-1] != HEAD_DIM:
+        _fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    if num_pages < 1 or page_size < 1:
+        _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+    _check_tensor("block_table", block_table, 2, torch.int32, device)
+    if block_table.shape[0] != batch or block_table.shape[1] < 1:
+        _fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")
+    if block_table.stride(-1) != 1:
+        _fail("block_table", "a contiguous last dimension", f"strides {tuple(block_table.stride())}")
+    _check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
+    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
+        _fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        _fail("softmax_scale", "a finite positive float", repr(softmax_scale))
+    if device.type != "cuda":
+        _fail("q", "a CUDA tensor", f"a tensor on {device}")
+
+    # -- outputs -------------------------------------------------------------------------------
+    if out is None:
+        out = torch.empty((batch, q_len, num_heads, KV_LORA_RANK), dtype=dtype, device=device)
+    else:
+        _check_tensor("out", out, 4, dtype, device)
+        if tuple(out.shape) != (batch, q_len, num_heads, KV_LORA_RANK):
+            _fail("out", f"shape {(batch, q_len, num_heads, KV_LORA_RANK)}", f"shape {tuple(out.shape)}")
+        _check_layout("out", out, 4)
+    if lse is None:
+        lse = torch.empty((batch, num_heads, q_len), dtype=torch.float32, device=device)
+    else:
+        _check_tensor("lse", lse, 3, torch.float32, device)
+        if tuple(lse.shape) != (batch, num_heads, q_len):
+            _fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
+    if batch == 0:
+        return out, lse
+    for arg, t in (("q_nope" if isinstance(q, (tuple, list)) else "q", q_nope), ("q_pe" if isinstance(q, (tuple, list)) else "q", q_pe),
+                   ("kv_cache", kv_cache)):
+        _check_layout(arg, t, 8)
+
+    capacity = block_table.shape[1] * page_size
+    if max_seq_len is None:
+        max_seq_len = capacity
+    if num_kv_splits is None:
+        num_kv_splits = default_num_kv_splits(batch, num_heads, q_len, max_seq_len, _sm_count(device.index or 0))
+    elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
+
+    if debug:
+        _debug_check(kv_cache, block_table, seq_lens, page_size, capacity)
+
+    lib = _binding.library()
+    launches = plan_launches(lib.table, num_heads, page_size, _DTYPES[dtype], num_kv_splits > 1)
+    need = max(workspace_size(batch, l.num_heads, q_len, num_kv_splits) for l in launches)
+    if need:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.uint8, device=device)
+        else:
+            _check_tensor("workspace", workspace, workspace.dim() if isinstance(workspace, torch.Tensor) else 1, None, device)
+            if not workspace.is_contiguous() or workspace.numel() * workspace.element_size() < need or workspace.data_ptr() % 16:
+                _fail("workspace", f"a contiguous, 16-byte aligned tensor of at least {need} bytes "
+                                   f"(workspace_size(batch={batch}, num_heads, q_len={q_len}, num_kv_splits={num_kv_splits}))",
+                      f"{workspace.numel() * workspace.element_size()} bytes, contiguous={workspace.is_contiguous()}")
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    for l in launches:
+        hs, n = l.head_start, l.num_heads
+        qn, qp, o, ls = q_nope[:, :, hs:hs + n], q_pe[:, :, hs:hs + n], out[:, :, hs:hs + n], lse[:, hs:hs + n]
+        args = _binding.MlaDecodeArgs(
+            _binding.ABI_VERSION, batch, q_len, n, block_table.shape[1], num_kv_splits,
+            qn.data_ptr(), qn.stride(0), qn.stride(1), qn.stride(2),
+            qp.data_ptr(), qp.stride(0), qp.stride(1), qp.stride(2),
+            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
+            block_table.data_ptr(), block_table.stride(0), seq_lens.data_ptr(),
+            float(softmax_scale),
+            o.data_ptr(), o.stride(0), o.stride(1), o.stride(2),
+            ls.data_ptr(), ls.stride(0), ls.stride(1), ls.stride(2),
+            workspace.data_ptr() if need else None, need,
+            stream,
+        )
+        lib.launch(l.symbol, args)
+    return out, lse
+
+
+def _debug_check(kv_cache, block_table, seq_lens, page_size: int, capacity: int) -> None:
+    lens = seq_lens.cpu()
+    if (lens < 0).any():
+        _fail("seq_lens", "values >= 0", lens[lens < 0][:4].tolist())
+    if (lens > capacity).any():
+        _fail("seq_lens", f"values <= max_pages_per_seq * page_size = {capacity}", lens.max().item())
+    table = block_table.cpu()
+    for b, n in enumerate(lens.tolist()):
+        used = table[b, : (n + page_size - 1) // page_size]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv_cache.shape[0]):
+            _fail("block_table", f"page ids in [0, {kv_cache.shape[0]}) for the pages request {b} uses",
+                  f"{used.min().item()}..{used.max().item()}")
+
+
+def list_variants() -> list[tuple[int, int, str, bool]]:
+    """The compiled (num_heads, page_size, dtype, split) keys of the loaded library, sorted."""
+    return sorted(_binding.library().table)
+
+
+def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
+    """Whether a call with these parameters can be served by the built library (dtype: torch dtype or 'bf16'/'fp16')."""
+    from .dispatch import is_supported as _is
+    return _is(_binding.library().table, num_heads, page_size, _DTYPES.get(dtype, dtype), split)

@@ -1,0 +1,80 @@
+"""Variant choice: which compiled launcher serves a call, as a pure function of the dispatch table.
+
+Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly. num_heads is
+served by the exact compiled head count if there is one, else by the smallest compiled count above
+it with the extra rows masked; more heads than the largest compiled count are cut into head groups
+of that size, each launched separately. Split-KV calls (num_kv_splits > 1) need a split variant;
+unsplit calls prefer the nosplit variant and fall back to a split variant run with one split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[int, int, str, bool]  # (num_heads, page_size, dtype, split)
+
+
+class VariantNotCompiledError(LookupError):
+    """No compiled variant can serve the call; the message names the nearest compiled variants and
+    the variants.yaml change that would add one."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a call: heads [head_start, head_start + num_heads) on variant `key`."""
+
+    key: Key
+    symbol: str
+    head_start: int
+    num_heads: int
+
+
+def _nearest(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> str:
+    ranked = sorted(table, key=lambda k: (k[1] != page_size, k[2] != dtype, k[3] != split, abs(k[0] - num_heads), k))
+    return ", ".join(table[k] for k in ranked[:3]) or "none (the library is empty)"
+
+
+def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool, why: str) -> VariantNotCompiledError:
+    axis_fix = {
+        "page_size": f"add {page_size} to axes.page_size",
+        "dtype": f"add {dtype} to axes.dtype",
+        "split": f"add {str(split).lower()} to axes.split",
+        "num_heads": f"add {num_heads} (or a larger head count) to axes.num_heads",
+    }[why]
+    return VariantNotCompiledError(
+        f"no compiled MLA decode variant for num_heads={num_heads}, page_size={page_size}, dtype={dtype}, "
+        f"split={str(split).lower()} (no {why} match). Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. "
+        f"To add it: {axis_fix} in variants.yaml and run `mla-variants build`.")
+
+
+def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> list[Launch]:
+    """The launches that serve a call with `num_heads` heads; raises VariantNotCompiledError."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads: expected >= 1, got {num_heads}")
+    splits_ok = (True,) if split else (False, True)
+    for want_split in splits_ok:
+        heads = sorted(k[0] for k in table if k[1] == page_size and k[2] == dtype and k[3] == want_split)
+        if not heads:
+            continue
+        launches, start = [], 0
+        while start < num_heads:
+            n = min(num_heads - start, heads[-1])
+            h = next(x for x in heads if x >= n)  # exact if compiled, else the smallest above
+            key = (h, page_size, dtype, want_split)
+            launches.append(Launch(key, table[key], start, n))
+            start += n
+        return launches
+    if not any(k[1] == page_size for k in table):
+        why = "page_size"
+    elif not any(k[1] == page_size and k[2] == dtype for k in table):
+        why = "dtype"
+    else:
+        why = "split"
+    raise _missing(table, num_heads, page_size, dtype, split, why)
+
+
+def is_supported(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool = False) -> bool:
+    try:
+        plan_launches(table, num_heads, page_size, dtype, split)
+        return True
+    except (VariantNotCompiledError, ValueError):
+        return False

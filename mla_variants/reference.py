@@ -1,0 +1,40 @@
+"""A plain PyTorch reference for MLA decode, in fp32 (or any float dtype), for tests and examples."""
+from __future__ import annotations
+
+import torch
+
+KV_LORA_RANK = 512
+
+
+def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                         softmax_scale: float, dtype: torch.dtype = torch.float32):
+    """Dense softmax attention per request over the gathered pages, computed in `dtype`.
+
+    Same arguments as :func:`mla_variants.mla_decode` (q may be the pair (q_nope, q_pe)); runs on any
+    device. Returns (out [batch, q_len, num_heads, 512], lse [batch, num_heads, q_len]) in `dtype`;
+    a query that sees no key gets out 0 and lse -inf. Causal for q_len > 1, bottom-right aligned.
+    Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j.
+    """
+    if isinstance(q, (tuple, list)):
+        q = torch.cat([q[0], q[1]], dim=-1)
+    batch, q_len, num_heads, _ = q.shape
+    page_size = kv_cache.shape[1]
+    out = torch.zeros(batch, q_len, num_heads, KV_LORA_RANK, dtype=dtype, device=q.device)
+    lse = torch.full((batch, num_heads, q_len), float("-inf"), dtype=dtype, device=q.device)
+    lens = seq_lens.tolist()
+    for b in range(batch):
+        n = int(lens[b])
+        if n <= 0:
+            continue
+        pages = block_table[b, : (n + page_size - 1) // page_size].long()
+        kv = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[:n].to(dtype)      # [n, 576]
+        s = torch.einsum("qhd,nd->qhn", q[b].to(dtype), kv) * softmax_scale     # [q_len, heads, n]
+        visible = n - (q_len - 1 - torch.arange(q_len, device=q.device))         # keys each query sees
+        mask = torch.arange(n, device=q.device)[None, :] < visible[:, None]      # [q_len, n]
+        s = s.masked_fill(~mask[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)                                      # [q_len, heads]
+        has_key = visible > 0
+        p = torch.where(has_key[:, None, None], torch.exp(s - row_lse[..., None]), torch.zeros_like(s))
+        out[b] = torch.einsum("qhn,nd->qhd", p, kv[:, :KV_LORA_RANK])
+        lse[b] = torch.where(has_key[:, None], row_lse, torch.full_like(row_lse, float("-inf"))).transpose(0, 1)
+    return out, lse

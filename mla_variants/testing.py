@@ -1,0 +1,95 @@
+"""Random paged decode problems for tests, benchmarks and examples.
+
+A case scatters each request's tokens over randomly permuted pages of one pool, fills every slot past
+seq_len, every unused page and every block_table entry past a request's last page with junk (NaN
+values in the cache, -1/huge ids in the table), so a kernel that reads what it must not shows it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HEAD_DIM = 576
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor            # [batch, q_len, num_heads, 576]
+    kv_cache: torch.Tensor     # [num_pages, page_size, 576]
+    block_table: torch.Tensor  # [batch, max_pages] int32
+    seq_lens: torch.Tensor     # [batch] int32
+    softmax_scale: float
+
+
+def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: int = 1,
+                    dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+                    q_std: float = 0.1, kv_std: float = 0.1, extra_pages: int = 3, poison: bool = True,
+                    softmax_scale: float = (128 + 64) ** -0.5, generator: torch.Generator | None = None,
+                    max_pages: int | None = None) -> PagedCase:
+    """Build a random case. Pages are a random permutation of the pool (plus `extra_pages` unused ones);
+    with `poison`, unused slots are NaN and unused table entries junk."""
+    g = generator
+    batch = len(seq_lens)
+    pages_per = [(n + page_size - 1) // page_size for n in seq_lens]
+    width = max(max_pages or 0, max(pages_per, default=0), 1)
+    num_pages = sum(pages_per) + extra_pages
+    kv = (torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std).to(dtype)
+    perm = torch.randperm(num_pages, generator=g)
+    table = torch.full((batch, width), -1 if poison else 0, dtype=torch.int32)
+    if poison:  # junk after the used entries: some -1, some far out of range
+        junk = torch.randint(num_pages, 2**31 - 1, (batch, width), generator=g, dtype=torch.int64).to(torch.int32)
+        table = torch.where(torch.rand(batch, width, generator=g) < 0.5, table, junk)
+        kv_used = torch.zeros(num_pages, page_size, dtype=torch.bool)
+    start = 0
+    for b, n in enumerate(pages_per):
+        ids = perm[start:start + n]
+        table[b, :n] = ids.to(torch.int32)
+        start += n
+        if poison:
+            for j, pid in enumerate(ids.tolist()):
+                kv_used[pid, : min(page_size, seq_lens[b] - j * page_size)] = True
+    if poison:
+        kv[~kv_used] = float("nan")
+    q = (torch.randn(batch, q_len, num_heads, HEAD_DIM, generator=g, device="cpu") * q_std).to(dtype)
+    return PagedCase(q.to(device), kv.to(device), table.to(device),
+                     torch.tensor(seq_lens, dtype=torch.int32, device=device), softmax_scale)
+
+
+def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
+            atol: float = 1e-3, rtol: float = 1.6e-2, cos_tol: float = 1e-5, lse_atol: float = 1e-4,
+            lse_rtol: float = 1e-4, elementwise: bool = True) -> list[str]:
+    """Problems found comparing a result with the fp32 reference (empty list = pass).
+
+    out: every element within atol or rtol (when `elementwise`), and 1 - cos(out, ref) < cos_tol;
+    lse: |lse - ref| <= lse_atol + lse_rtol * |ref|, with -inf exactly where the reference has it."""
+    problems = []
+    o, r = out.float(), ref_out.float()
+    if not torch.isfinite(o).all():
+        problems.append(f"out has {(~torch.isfinite(o)).sum().item()} non-finite values")
+        return problems
+    if elementwise:
+        err = (o - r).abs()
+        bad = (err > atol) & (err > rtol * r.abs())
+        if bad.any():
+            problems.append(f"out: {bad.sum().item()} elements outside atol {atol} / rtol {rtol}; max abs err {err.max().item():.3e}")
+    denom = o.norm() * r.norm()
+    if denom > 0:
+        cos_diff = 1 - (o * r).sum().item() / denom.item()
+        if cos_diff >= cos_tol:
+            problems.append(f"out: cosine difference {cos_diff:.3e} >= {cos_tol}")
+    elif o.abs().max() > 0:
+        problems.append("out: nonzero where the reference is all zero")
+    l, rl = lse.float(), ref_lse.float()
+    ninf = torch.isneginf(rl)
+    if not torch.equal(torch.isneginf(l), ninf):
+        problems.append(f"lse: -inf pattern differs ({torch.isneginf(l).sum().item()} vs {ninf.sum().item()} -inf)")
+    fin = ~ninf
+    if fin.any():
+        if not torch.isfinite(l[fin]).all():
+            problems.append("lse: non-finite where the reference is finite")
+        else:
+            e = (l[fin] - rl[fin]).abs()
+            if (e > lse_atol + lse_rtol * rl[fin].abs()).any():
+                problems.append(f"lse: max abs err {e.max().item():.3e} beyond {lse_atol} + {lse_rtol}*|ref|")
+    return problems

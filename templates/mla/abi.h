@@ -1,0 +1,55 @@
+// The C ABI between the Python binding (mla_variants/_binding.py) and every generated launcher.
+//
+// One struct carries a decode call: raw device pointers, int64 strides in elements, sizes, and the
+// CUDA stream. Python fills it through ctypes; a launcher reads it and returns a cudaError_t code
+// (0 = success). Bump MLA_ABI_VERSION whenever the struct changes; the binding refuses a library
+// built with another version.
+#pragma once
+#include <stdint.h>
+
+#define MLA_ABI_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct MlaDecodeArgs {
+  int32_t abi_version;
+  int32_t batch;             // number of requests
+  int32_t q_len;             // query tokens per request (1..8), causal bottom-right when > 1
+  int32_t num_heads;         // heads in this launch (<= the variant's compiled num_heads)
+  int32_t max_pages_per_seq; // block_table.shape[1]
+  int32_t num_kv_splits;     // >= 1; must be 1 for a variant without split-KV
+
+  // q as two views: q_nope [batch, q_len, num_heads, 512] and q_pe [batch, q_len, num_heads, 64],
+  // last dimension contiguous. A packed q [.., 576] passes q_pe = q_nope + 512.
+  const void* q_nope;
+  int64_t q_nope_stride_batch, q_nope_stride_token, q_nope_stride_head;
+  const void* q_pe;
+  int64_t q_pe_stride_batch, q_pe_stride_token, q_pe_stride_head;
+
+  // kv_cache [num_pages, page_size, 576], last dimension contiguous.
+  const void* kv_cache;
+  int64_t kv_stride_page, kv_stride_token;
+
+  const int32_t* block_table;  // [batch, max_pages_per_seq], row stride below, last dim contiguous
+  int64_t block_table_stride;
+  const int32_t* seq_lens;     // [batch], contiguous
+
+  float softmax_scale;
+
+  void* out;                   // [batch, q_len, num_heads, 512] in q's dtype
+  int64_t out_stride_batch, out_stride_token, out_stride_head;
+  float* lse;                  // [batch, num_heads, q_len] fp32, natural log
+  int64_t lse_stride_batch, lse_stride_head, lse_stride_token;
+
+  // Split-KV workspace: num_kv_splits * batch * q_len * num_heads * (512 + 1) fp32 values.
+  float* workspace;
+  int64_t workspace_bytes;
+
+  void* stream;                // cudaStream_t
+} MlaDecodeArgs;
+
+#ifdef __cplusplus
+}
+#endif

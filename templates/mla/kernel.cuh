@@ -1,0 +1,362 @@
+// The MLA decode kernel body: one CTA computes attention for one block of 64 query rows
+// (q_len x num_heads) of one request over one split of its keys.
+//
+// Math (FlashAttention-2 online softmax, Dao 2023, with the MLA latent cache of DeepSeek-V2,
+// arXiv:2405.04434): for query row i, s_ij = softmax_scale * <q_i, k_j> over the 576 values,
+// p_ij = exp(s_ij - m_i), o_i = sum_j p_ij v_j / sum_j p_ij, lse_i = m_i + log(sum_j p_ij).
+// Scores live in the exp2 domain (scale folded with log2 e); the running max starts finite, masked
+// scores are -inf, so no inf - inf can appear; KV rows past the split are zero in shared memory, so a
+// NaN in an unused cache slot never meets a zero probability.
+//
+// Structure per CTA (256 threads = 2 warpgroups, both compute):
+//   - all threads gather KV tokens through block_table with 16-byte cp.async into a 2-stage ring;
+//   - warpgroup w computes S for tokens [32w, 32w+32) of the tile with wgmma (SS);
+//   - the row max is exchanged through shared memory, P (16-bit) is written to shared memory;
+//   - warpgroup w accumulates O[:, 256w : 256w+256] += P V with wgmma (SS), V read from the same tile.
+// Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
+// never stored).
+#pragma once
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include "abi.h"
+#include "constants.cuh"
+#include "layouts.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// ---------------------------------------------------------------------------------------------
+// Small device helpers.
+
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void store_zero_16(uint32_t smem_addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_addr), "r"(0));
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<cutlass::bfloat16_t>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <class Frag>
+__device__ __forceinline__ void fence_fragment(Frag& frag) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(frag); ++i) warpgroup_fence_operand(frag(i));
+}
+
+// C[M x N] (+)= A B^T over all k-blocks of the partitioned operands, one warpgroup.
+template <class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA const& a, FragB const& b, FragC& c,
+                                               bool zero_init) {
+  fence_fragment(c);
+  warpgroup_arrive();
+  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  fence_fragment(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel parameters: the ABI struct plus values derived once on the host.
+
+struct DecodeParams {
+  MlaDecodeArgs a;
+  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kBlockM)
+  float scale_log2;     // softmax_scale * log2(e)
+};
+
+// Where the split-KV partial results live inside the workspace.
+struct SplitWorkspace {
+  float* o;     // [num_kv_splits, batch, q_len, num_heads, 512], already divided by the row sum
+  float* lse;   // [num_kv_splits, batch, q_len, num_heads], natural log, -inf for an empty split
+};
+
+__host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDecodeArgs& a) {
+  const int64_t rows = int64_t(a.num_kv_splits) * a.batch * a.q_len * a.num_heads;
+  return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
+}
+
+// The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
+// split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
+__host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits, int split, int& begin,
+                                                     int& end) {
+  const int tiles = (seq_len + kBlockN - 1) / kBlockN;
+  const int tiles_per_split = (tiles + num_splits - 1) / num_splits;
+  begin = min(seq_len, split * tiles_per_split * kBlockN);
+  end = min(seq_len, begin + tiles_per_split * kBlockN);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global -> shared copies. Eight threads copy one 1152-byte row (9 chunks of 16 bytes each), so a
+// warp moves four rows with 128-byte contiguous segments per instruction.
+
+template <class Element, int NUM_HEADS>
+__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int tid) {
+  const int sub = tid % kThreadsPerRow;
+  CUTE_UNROLL
+  for (int pass = 0; pass < kBlockM / (kNumThreads / kThreadsPerRow); ++pass) {
+    const int row = pass * (kNumThreads / kThreadsPerRow) + tid / kThreadsPerRow;
+    const int grow = m_block * kBlockM + row;
+    const int qi = grow / NUM_HEADS;
+    const int h = grow % NUM_HEADS;
+    const bool valid = qi < a.q_len && h < a.num_heads;
+    const char* nope = static_cast<const char*>(a.q_nope) +
+                       (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
+                        int64_t(h) * a.q_nope_stride_head) * int64_t(sizeof(Element));
+    const char* pe = static_cast<const char*>(a.q_pe) +
+                     (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
+                      int64_t(h) * a.q_pe_stride_head) * int64_t(sizeof(Element));
+    CUTE_UNROLL
+    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
+      const int c = sub + k * kThreadsPerRow;
+      const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kBlockM);
+      if (valid) {
+        const char* src = c < kKvLoraRank / kChunkElems ? nope + c * 16 : pe + (c - kKvLoraRank / kChunkElems) * 16;
+        cp_async_16(dst, src);
+      } else {
+        store_zero_16(dst);
+      }
+    }
+  }
+}
+
+template <class Element, int PAGE_SIZE>
+__device__ __forceinline__ void load_kv_tile(Element* skv, const MlaDecodeArgs& a, int b, int tile_start,
+                                             int kv_end, int tid) {
+  const int sub = tid % kThreadsPerRow;
+  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  CUTE_UNROLL
+  for (int pass = 0; pass < kBlockN / (kNumThreads / kThreadsPerRow); ++pass) {
+    const int n = pass * (kNumThreads / kThreadsPerRow) + tid / kThreadsPerRow;
+    const int token = tile_start + n;
+    const char* src = nullptr;
+    if (token < kv_end) {
+      const int64_t page = table[token / PAGE_SIZE];
+      src = static_cast<const char*>(a.kv_cache) +
+            (page * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token) * int64_t(sizeof(Element));
+    }
+    CUTE_UNROLL
+    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
+      const int c = sub + k * kThreadsPerRow;
+      const uint32_t dst = smem_u32(skv) + swizzled_offset(n, c * kChunkElems, kBlockN);
+      if (src != nullptr) {
+        cp_async_16(dst, src + c * 16);
+      } else {
+        store_zero_16(dst);  // keys past the split: zeros, so 0 * V can never be NaN
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue: normalised O and lse for the thread's two rows, to `out`/`lse` or to the workspace.
+
+template <class Element, int NUM_HEADS, bool SPLIT, class FragO>
+__device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int split, int m_block, int wg,
+                                           int row0, FragO const& o, const float (&inv_sum)[2],
+                                           const float (&lse)[2]) {
+  const MlaDecodeArgs& a = p.a;
+  const int lane = threadIdx.x % 32;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m_block * kBlockM + row0 + 8 * r;
+    const int qi = grow / NUM_HEADS;
+    const int h = grow % NUM_HEADS;
+    if (qi >= a.q_len || h >= a.num_heads) continue;
+    if constexpr (SPLIT) {
+      const SplitWorkspace ws = split_workspace(a);
+      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+      float* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
+      CUTE_UNROLL
+      for (int j = 0; j < size(o) / 4; ++j) {
+        const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+        *reinterpret_cast<float2*>(dst + 8 * j) = v;
+      }
+      if (wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
+    } else {
+      Element* dst = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride_batch +
+                     int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
+                     wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
+      CUTE_UNROLL
+      for (int j = 0; j < size(o) / 4; ++j) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+            pack2<Element>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+      }
+      if (wg == 0 && lane % 4 == 0) {
+        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
+
+template <class Element, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+__global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using L = KernelLayouts<Element>;
+  extern __shared__ char smem_raw[];
+  char* smem_aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage<Element>& s = *reinterpret_cast<SharedStorage<Element>*>(smem_aligned);
+
+  const MlaDecodeArgs& a = p.a;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int tid_wg = tid % 128;
+  const int lane = tid % 32;
+  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int m_block = blockIdx.x % p.num_m_blocks;
+  const int b = blockIdx.x / p.num_m_blocks;
+  const int split = blockIdx.y;
+
+  // Keys of this request; never address block_table past its width.
+  const int seq_len = min(a.seq_lens[b], a.max_pages_per_seq * PAGE_SIZE);
+  int kv_begin, kv_end;
+  split_range(max(seq_len, 0), a.num_kv_splits, split, kv_begin, kv_end);
+  const int num_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
+
+  // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
+  int key_limit[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int qi = (m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
+    key_limit[r] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+  }
+
+  typename L::TiledMmaS mma_s;
+  typename L::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid_wg);
+  auto thr_o = mma_o.get_thread_slice(tid_wg);
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
+  clear(tOrO);
+  float m_run[2] = {kRunningMaxInit, kRunningMaxInit};
+  float l_run[2] = {0.f, 0.f};
+
+  if (num_tiles > 0) {
+    load_q_block<Element, NUM_HEADS>(s.q, a, b, m_block, tid);
+    load_kv_tile<Element, PAGE_SIZE>(s.kv[0], a, b, kv_begin, kv_end, tid);
+    cp_async_commit();
+    if (num_tiles > 1) load_kv_tile<Element, PAGE_SIZE>(s.kv[1], a, b, kv_begin + kBlockN, kv_end, tid);
+    cp_async_commit();
+
+    Tensor sQ = make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{});
+    Tensor sP = make_tensor(make_smem_ptr(s.p), typename L::SmemLayoutP{});
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+    Tensor tOrP = thr_o.partition_fragment_A(sP);
+
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % kStages;
+      const int tile_start = kv_begin + t * kBlockN;
+      cp_async_wait<1>();
+      cutlass::arch::fence_view_async_shared();  // cp.async / st.shared writes -> wgmma reads
+      __syncthreads();
+
+      // S = Q K^T for this warpgroup's 32 tokens.
+      Tensor sK = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutKV{});
+      Tensor sKw = local_tile(sK, Shape<Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>{}, make_coord(wg, 0));
+      Tensor tSrK = thr_s.partition_fragment_B(sKw);
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>>{});
+      warpgroup_gemm(mma_s, tSrQ, tSrK, tSrS, /*zero_init=*/true);
+
+      // Scale, mask, and the partial row max over this warpgroup's tokens. Accumulator element i
+      // of a 64xN wgmma tile is row row0 + 8*((i>>1)&1), column (i>>2)*8 + 2*(lane%4) + (i&1).
+      float tile_max[2] = {kRunningMaxInit, kRunningMaxInit};
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        const int r = (i >> 1) & 1;
+        const int token = tile_start + wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4) + (i & 1);
+        const float v = token < key_limit[r] ? tSrS(i) * p.scale_log2 : -INFINITY;
+        tSrS(i) = v;
+        tile_max[r] = fmaxf(tile_max[r], v);
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+        if (lane % 4 == 0) s.row_max[wg][row0 + 8 * r] = tile_max[r];
+      }
+      __syncthreads();
+
+      float alpha[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m_run[r], fmaxf(s.row_max[0][row0 + 8 * r], s.row_max[1][row0 + 8 * r]));
+        alpha[r] = exp2f(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); i += 2) {
+        const int r = (i >> 1) & 1;
+        const float p0 = exp2f(tSrS(i) - m_run[r]);
+        const float p1 = exp2f(tSrS(i + 1) - m_run[r]);
+        l_run[r] += p0 + p1;
+        const int col = wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(s.p) + swizzled_offset(row0 + 8 * r, col, kBlockM)) =
+            pack2<Element>(p0, p1);
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i >> 1) & 1];
+      cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
+      __syncthreads();
+
+      // O[:, 256 wg : 256 wg + 256] += P V.
+      Tensor sVt = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutVt{});
+      Tensor sVw = local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0));
+      Tensor tOrV = thr_o.partition_fragment_B(sVw);
+      warpgroup_gemm(mma_o, tOrP, tOrV, tOrO, /*zero_init=*/false);
+      __syncthreads();  // everyone is done with this stage, P and row_max
+
+      if (t + kStages < num_tiles) {
+        load_kv_tile<Element, PAGE_SIZE>(s.kv[stage], a, b, tile_start + kStages * kBlockN, kv_end, tid);
+      }
+      cp_async_commit();
+    }
+  }
+
+  // Combine the two warpgroups' partial row sums.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
+  }
+  __syncthreads();
+  float inv_sum[2], lse[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
+    // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
+    inv_sum[r] = l > 0.f ? 1.f / l : 0.f;
+    lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+  }
+  store_rows<Element, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+}
+
+}  // namespace mla

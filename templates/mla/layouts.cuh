@@ -1,0 +1,62 @@
+// Shared-memory layouts and tensor-core tilings of the MLA decode kernel.
+//
+// Every tile is K-major with the 128-byte swizzle that wgmma reads: a 1024-byte atom holds 8 rows of
+// 64 16-bit values, and the 16-byte chunk c of row r sits at chunk position c ^ (r % 8). Atoms are
+// laid out column-block-major (all row blocks of columns 0..63, then columns 64..127, ...), which is
+// what CuTe's tile_to_shape gives. The same KV tile is read twice:
+//   as K   (tokens x 576, K-major) for S = Q K^T, and
+//   as V^T (512 x tokens, MN-major) for O += P V: the MN-major atom of 64 values x 8 tokens is the
+//   K-major atom of 8 tokens x 64 values, so V needs no second copy (tile_to_shape with Step<_2,_1>
+//   puts the token blocks innermost, matching the K layout).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "constants.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+template <class Element>
+struct KernelLayouts {
+  using SmemLayoutQ =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kHeadDimK>>{}));
+  using SmemLayoutKV =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDimK>>{}));
+  using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));
+  using SmemLayoutP =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+  // S[64 x 32] = Q[64 x 576] K_half^T, one warpgroup per half of the tile's tokens.
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>>()));
+  // O[64 x 256] += P[64 x 64] V_half[64 x 256], one warpgroup per half of the 512 output columns.
+  using TiledMmaO = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>()));
+};
+
+template <class Element>
+struct SharedStorage {
+  alignas(1024) Element q[kBlockM * kHeadDimK];
+  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+  alignas(1024) Element p[kBlockM * kBlockN];
+  float row_max[kNumWarpgroups][kBlockM];
+  float row_sum[kNumWarpgroups][kBlockM];
+};
+
+// Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple
+// of 8) of 16-bit values; must agree with tile_to_shape(Layout_K_SW128_Atom, (rows, cols)).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows) {
+  const uint32_t atom = uint32_t(row >> 3) + uint32_t(col >> 6) * uint32_t(rows >> 3);
+  const uint32_t chunk = uint32_t((col & 63) >> 3) ^ uint32_t(row & 7);
+  return atom * 1024u + uint32_t(row & 7) * 128u + chunk * 16u + uint32_t(col & 7) * 2u;
+}
+
+}  // namespace mla

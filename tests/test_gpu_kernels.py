@@ -1,0 +1,112 @@
+"""Every compiled variant against the fp32 reference on the GPU (skipped without an sm_90 GPU).
+
+Inputs: fresh random q and KV from N(0, 0.1^2), randomly permuted block tables, NaN in every slot
+past seq_len and every unused page, junk block_table entries past each request's pages, outputs
+prefilled with NaN, seq_lens mixing {0, 1, page-1, page, page+1, long} in one batch.
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
+from mla_variants.testing import compare, make_paged_case  # noqa: E402
+
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _table():
+    try:
+        from mla_variants._binding import library
+        return sorted(library().table)
+    except Exception:  # no build: the tests below are reported as errors by the fixture
+        return []
+
+
+def _mixed_lens(page: int, long: int) -> list[int]:
+    return [0, 1, max(page - 1, 1), page, page + 1, long]
+
+
+def _run(case, q_len_splits, **kw):
+    out = torch.full((*case.q.shape[:3], 512), float("nan"), dtype=case.q.dtype, device="cuda")
+    lse = torch.full((case.q.shape[0], case.q.shape[2], case.q.shape[1]), float("nan"), device="cuda")
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                          num_kv_splits=q_len_splits, out=out, lse=lse, **kw)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("key", _table(), ids=lambda k: f"h{k[0]}_p{k[1]}_{k[2]}_{'split' if k[3] else 'nosplit'}")
+def test_variant_against_reference(key):
+    num_heads, page, dtype, split = key
+    g = torch.Generator().manual_seed(hash(key) % 2**31)
+    splits = [2, 7, 256] if split else [1]
+    for q_len in (1, 2, 4):
+        case = make_paged_case(_mixed_lens(page, 3000 + 37 * q_len), num_heads, page, q_len, DTYPE[dtype], generator=g)
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+        for n in splits:
+            out, lse = _run(case, n)
+            problems = compare(out, lse, ref_out, ref_lse)
+            assert not problems, f"{key} q_len={q_len} num_kv_splits={n}: {problems}"
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 20, 100, 160])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_head_counts_not_in_table(num_heads, q_len):
+    """Heads served by a larger variant with masked rows, or by head groups past the largest."""
+    g = torch.Generator().manual_seed(num_heads * 10 + q_len)
+    case = make_paged_case([5, 0, 700, 64, 1500], num_heads, 64, q_len, generator=g)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    for n in (1, 3):
+        out, lse = _run(case, n)
+        assert not compare(out, lse, ref_out, ref_lse), (num_heads, q_len, n, compare(out, lse, ref_out, ref_lse))
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_large_logits(page):
+    """q ~ N(0, 10^2): P is rounded to 16 bits before P V, so only cosine and lse bounds apply."""
+    g = torch.Generator().manual_seed(7)
+    case = make_paged_case([1, 300, 2000, 4097], 16, page, 2, q_std=10.0, generator=g, softmax_scale=0.3)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    for n in (1, 4, 33):
+        out, lse = _run(case, n)
+        assert not compare(out, lse, ref_out, ref_lse, elementwise=False), (n, compare(out, lse, ref_out, ref_lse, elementwise=False))
+
+
+def test_q_pair_and_strided_views():
+    """q as (q_nope, q_pe) views of one buffer, a cache that is a view into a larger per-layer buffer,
+    and preallocated strided out."""
+    g = torch.Generator().manual_seed(3)
+    case = make_paged_case([100, 2000, 33], 32, 16, 2, generator=g)
+    layers = torch.randn(2, *case.kv_cache.shape, device="cuda").to(case.kv_cache.dtype)
+    layers[1] = case.kv_cache
+    kv_view = layers[1]
+    qbuf = torch.randn(3, 2, 32, 1024, device="cuda").to(case.q.dtype)
+    qbuf[..., 128:640] = case.q[..., :512]
+    qbuf[..., 768:832] = case.q[..., 512:]
+    q_pair = (qbuf[..., 128:640], qbuf[..., 768:832])
+    obuf = torch.full((3, 2, 32, 640), float("nan"), device="cuda").to(case.q.dtype)
+    out_view = obuf[..., :512]
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    for n in (1, 5):
+        out, lse = mla_decode(q_pair, kv_view, case.block_table, case.seq_lens, case.softmax_scale,
+                              num_kv_splits=n, out=out_view)
+        assert out.data_ptr() == out_view.data_ptr()
+        assert not compare(out, lse, ref_out, ref_lse), compare(out, lse, ref_out, ref_lse)
+
+
+def test_long_sequence_and_default_splits():
+    g = torch.Generator().manual_seed(11)
+    case = make_paged_case([70000, 1, 0], 16, 64, 1, generator=g)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    out, lse = _run(case, None)
+    assert not compare(out, lse, ref_out, ref_lse), compare(out, lse, ref_out, ref_lse)
+
+
+def test_fresh_data_changes_the_answer():
+    """Guards against a kernel that returns something constant: two random draws must differ."""
+    a = make_paged_case([500], 16, 64, generator=torch.Generator().manual_seed(1))
+    b = make_paged_case([500], 16, 64, generator=torch.Generator().manual_seed(2))
+    oa, _ = mla_decode(a.q, a.kv_cache, a.block_table, a.seq_lens, a.softmax_scale)
+    ob, _ = mla_decode(b.q, b.kv_cache, b.block_table, b.seq_lens, b.softmax_scale)
+    assert not torch.equal(oa, ob)
