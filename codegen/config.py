@@ -79,7 +79,9 @@ class _Reader:
     def fail(self, node: yaml.Node | None, message: str) -> None:
         raise ConfigError(self.path, _line(node) if node is not None else None, message)
 
-    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
+    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = (),
+                owner: yaml.Node | None = None):
+        """Check a mapping's keys; a missing key is reported at `owner` (the key that holds the mapping)."""
         if not isinstance(node, yaml.MappingNode):
             self.fail(node, f"{what}: expected a mapping, got {node.tag.rsplit(':', 1)[-1]}")
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
@@ -92,7 +94,7 @@ class _Reader:
             out[key] = (k, v)
         for key in required:
             if key not in out:
-                self.fail(node, f"{what}: missing required key {key!r}")
+                self.fail(owner if owner is not None else node, f"{what}: missing required key {key!r}")
         return out
 
     def scalar(self, node: yaml.Node, what: str, kind: type):
@@ -151,7 +153,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
 
     dims_node = top["dims"][1]
     dims = {}
-    for key, (k, v) in r.mapping(dims_node, "dims", tuple(FIXED_DIMS), tuple(FIXED_DIMS)).items():
+    for key, (k, v) in r.mapping(dims_node, "dims", tuple(FIXED_DIMS), tuple(FIXED_DIMS), top["dims"][0]).items():
         dims[key] = r.scalar(v, f"dims.{key}", int)
         if dims[key] != FIXED_DIMS[key]:
             r.fail(v, f"dims.{key}: only {FIXED_DIMS[key]} is supported (the DeepSeek MLA layout), got {dims[key]}")
@@ -163,7 +165,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
 
     axes: dict[str, tuple] = {}
     axis_lines: dict[str, int] = {}
-    for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES).items():
+    for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES, top["axes"][0]).items():
         axes[key] = r.axis_values(key, v, f"axes.{key}")
         axis_lines[key] = _line(k)
 
@@ -176,7 +178,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
             name = r.scalar(k, "presets", str)
             if name in presets:
                 r.fail(k, f"presets: preset {name!r} is defined twice")
-            fields = r.mapping(v, f"presets.{name}", ("description",) + AXES, ("description",))
+            fields = r.mapping(v, f"presets.{name}", ("description",) + AXES, ("description",), k)
             sel = dict(axes)
             for axis in AXES:
                 if axis not in fields:

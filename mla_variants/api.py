@@ -167,8 +167,6 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         _fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
         _fail("softmax_scale", "a finite positive float", repr(softmax_scale))
-    if device.type != "cuda":
-        _fail("q", "a CUDA tensor", f"a tensor on {device}")
 
     # -- outputs -------------------------------------------------------------------------------
     if out is None:
@@ -184,6 +182,11 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         _check_tensor("lse", lse, 3, torch.float32, device)
         if tuple(lse.shape) != (batch, num_heads, q_len):
             _fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
+    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
+                                      or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
+        _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
+    if device.type != "cuda":
+        _fail("q", "a CUDA tensor", f"a tensor on {device}")
     if batch == 0:
         return out, lse
     for arg, t in (("q_nope" if isinstance(q, (tuple, list)) else "q", q_nope), ("q_pe" if isinstance(q, (tuple, list)) else "q", q_pe),
@@ -195,8 +198,6 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         max_seq_len = capacity
     if num_kv_splits is None:
         num_kv_splits = default_num_kv_splits(batch, num_heads, q_len, max_seq_len, _sm_count(device.index or 0))
-    elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS:
-        _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
 
     if debug:
         _debug_check(kv_cache, block_table, seq_lens, page_size, capacity)

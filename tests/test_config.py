@@ -1,0 +1,77 @@
+"""variants.yaml schema validation: every error names the file, the line and the key or value."""
+from pathlib import Path
+
+import pytest
+
+from codegen.config import ConfigError, load_config, parse_config
+from codegen.render import ROOT
+
+GOOD = """\
+dims:
+  kv_lora_rank: 512
+  qk_rope_head_dim: 64
+arch: sm_90a
+axes:
+  num_heads: [16, 128]
+  page_size: [1, 64]
+  dtype: [bf16]
+  split: [false, true]
+presets:
+  small:
+    description: one head count
+    num_heads: [16]
+"""
+
+
+def test_repository_file_is_valid_and_complete():
+    cfg = load_config(ROOT / "variants.yaml")
+    assert cfg.axes["num_heads"] == (8, 16, 32, 64, 128)
+    assert cfg.axes["page_size"] == (1, 16, 64, 128)
+    assert set(cfg.axes["dtype"]) == {"bf16", "fp16"} and cfg.axes["split"] == (False, True)
+    assert len(cfg.variants()) == 5 * 4 * 2 * 2
+    for name in ("deepseek-v3-tp1", "deepseek-v3-tp8", "deepseek-v3-tp16", "deepseek-v2-lite", "kimi-k2", "ci"):
+        assert name in cfg.presets
+    assert {v.num_heads for v in cfg.presets["deepseek-v3-tp8"].variants()} == {16}
+    assert {v.num_heads for v in cfg.presets["deepseek-v3-tp1"].variants()} == {128}
+
+
+def test_good_config_and_preset_selection():
+    cfg = parse_config(GOOD)
+    assert len(cfg.variants()) == 2 * 2 * 1 * 2
+    assert [v.name for v in cfg.presets["small"].variants()] == [
+        "mla_decode_h16_p1_bf16_nosplit", "mla_decode_h16_p1_bf16_split",
+        "mla_decode_h16_p64_bf16_nosplit", "mla_decode_h16_p64_bf16_split"]
+
+
+@pytest.mark.parametrize("old,new,line,words", [
+    ("  dtype: [bf16]", "  dtype: [bf16]\n  colour: [red]", 9, "unknown key 'colour'"),
+    ("  dtype: [bf16]", "  dtype: [fp8_e5m2]", 8, "unknown dtype 'fp8_e5m2'"),
+    ("  num_heads: [16, 128]", "  num_heads: [16, 0]", 6, "from 1 to 128, got 0"),
+    ("  num_heads: [16, 128]", "  num_heads: [16, 16]", 6, "listed twice"),
+    ("  page_size: [1, 64]", "  page_size: [one]", 7, "expected an integer, got 'one'"),
+    ("  page_size: [1, 64]", "  page_size: []", 7, "at least one value"),
+    ("  split: [false, true]", "  split: [maybe]", 9, "expected true or false"),
+    ("  kv_lora_rank: 512", "  kv_lora_rank: 256", 2, "only 512 is supported"),
+    ("arch: sm_90a", "arch: sm_80", 4, "expected one of sm_90a, got 'sm_80'"),
+    ("    num_heads: [16]", "    num_heads: [96]", 13, "impossible combination: 96 is not in axes.num_heads"),
+    ("    description: one head count\n", "", 11, "missing required key 'description'"),
+    ("  split: [false, true]\n", "", 5, "missing required key 'split'"),
+    ("dims:\n  kv_lora_rank: 512\n  qk_rope_head_dim: 64", "dims: [512, 64]", 1, "dims: expected a mapping"),
+])
+def test_errors_name_the_line(old, new, line, words):
+    text = GOOD.replace(old, new, 1)
+    assert text != GOOD
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "v.yaml")
+    assert e.value.line == line, str(e.value)
+    assert str(e.value).startswith(f"v.yaml:{line}: ")
+    assert words in str(e.value)
+
+
+def test_invalid_yaml_and_empty_and_missing_file(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"v.yaml:3: not valid YAML"):
+        parse_config("dims:\n  a: [1\n  b: 2\n", "v.yaml")
+    with pytest.raises(ConfigError, match="empty"):
+        parse_config("", "v.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,50 @@
+"""Variant choice and missing-variant errors, on synthetic dispatch tables (no library needed)."""
+import pytest
+
+from mla_variants.dispatch import Launch, VariantNotCompiledError, is_supported, plan_launches
+
+TABLE = {(h, p, d, s): f"mla_decode_h{h}_p{p}_{d}_{'split' if s else 'nosplit'}"
+         for h in (8, 16, 64, 128) for p in (1, 64) for d in ("bf16",) for s in (False, True)}
+
+
+def test_exact_head_count():
+    assert plan_launches(TABLE, 16, 64, "bf16", False) == [Launch((16, 64, "bf16", False), "mla_decode_h16_p64_bf16_nosplit", 0, 16)]
+
+
+def test_smallest_larger_head_count_with_masked_rows():
+    (l,) = plan_launches(TABLE, 20, 1, "bf16", True)
+    assert l.key == (64, 1, "bf16", True) and l.num_heads == 20
+    assert plan_launches(TABLE, 1, 64, "bf16", False)[0].key[0] == 8
+
+
+def test_head_groups_beyond_the_largest():
+    ls = plan_launches(TABLE, 300, 64, "bf16", True)
+    assert [(l.key[0], l.head_start, l.num_heads) for l in ls] == [(128, 0, 128), (128, 128, 128), (64, 256, 44)]
+
+
+def test_unsplit_call_falls_back_to_a_split_variant():
+    only_split = {k: v for k, v in TABLE.items() if k[3]}
+    assert plan_launches(only_split, 16, 64, "bf16", False)[0].key == (16, 64, "bf16", True)
+
+
+@pytest.mark.parametrize("args,why,fix", [
+    ((16, 16, "bf16", False), "no page_size match", "add 16 to axes.page_size"),
+    ((16, 64, "fp16", False), "no dtype match", "add fp16 to axes.dtype"),
+])
+def test_missing_variant_names_nearest_and_the_yaml_change(args, why, fix):
+    with pytest.raises(VariantNotCompiledError) as e:
+        plan_launches(TABLE, *args)
+    msg = str(e.value)
+    assert why in msg and fix in msg and "variants.yaml" in msg and "Nearest compiled: mla_decode_h16_" in msg
+
+
+def test_missing_split_variant():
+    no_split = {k: v for k, v in TABLE.items() if not k[3]}
+    with pytest.raises(VariantNotCompiledError, match="add true to axes.split"):
+        plan_launches(no_split, 16, 64, "bf16", True)
+    assert is_supported(no_split, 16, 64, "bf16", False) and not is_supported(no_split, 16, 64, "bf16", True)
+
+
+def test_empty_table():
+    with pytest.raises(VariantNotCompiledError, match="none \\(the library is empty\\)"):
+        plan_launches({}, 16, 64, "bf16", False)

@@ -1,0 +1,88 @@
+"""The fp32 reference against an independent dense softmax (PyTorch SDPA in float64), on the CPU."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mla_variants import mla_decode_reference
+from mla_variants.api import default_num_kv_splits, workspace_size
+from mla_variants.testing import compare, make_paged_case
+
+
+def _dense(case, b):
+    """Gather request b contiguously and run SDPA with an explicit causal mask, in float64."""
+    n = int(case.seq_lens[b])
+    page = case.kv_cache.shape[1]
+    pages = case.block_table[b, : (n + page - 1) // page].long()
+    kv = case.kv_cache[pages].reshape(-1, 576)[:n].double()
+    q = case.q[b].double().transpose(0, 1)  # [heads, q_len, 576]
+    q_len = q.shape[1]
+    mask = torch.arange(n)[None, :] < (n - (q_len - 1 - torch.arange(q_len)))[:, None]
+    out = F.scaled_dot_product_attention(q, kv[None], kv[None, :, :512], attn_mask=mask, scale=case.softmax_scale)
+    s = (q @ kv.T) * case.softmax_scale
+    lse = torch.logsumexp(s.masked_fill(~mask, -math.inf), dim=-1)
+    return out.transpose(0, 1), lse
+
+
+@pytest.mark.parametrize("page,q_len", [(1, 1), (16, 2), (64, 4), (5, 3)])
+def test_reference_matches_dense_softmax(page, q_len):
+    g = torch.Generator().manual_seed(page * 7 + q_len)
+    case = make_paged_case([37, 200, 64, 9], 4, page, q_len, torch.float32, device="cpu", generator=g)
+    out, lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert torch.isfinite(out).all()
+    for b in range(4):
+        d_out, d_lse = _dense(case, b)
+        torch.testing.assert_close(out[b].double(), d_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[b].double(), d_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_empty_rows_and_q_pair():
+    g = torch.Generator().manual_seed(0)
+    case = make_paged_case([0, 2], 3, 16, 4, torch.float32, device="cpu", generator=g)
+    out, lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+    # request 1 has 2 keys and q_len 4: queries 0 and 1 see none, 2 sees one, 3 sees two
+    assert torch.isneginf(lse[1, :, :2]).all() and torch.isfinite(lse[1, :, 2:]).all()
+    assert (out[1, :2] == 0).all()
+    torch.testing.assert_close(out[1, 2], case.kv_cache[case.block_table[1, 0].long(), 0, :512].expand(3, 512))
+    pair = (case.q[..., :512], case.q[..., 512:])
+    out2, lse2 = mla_decode_reference(pair, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+def test_compare_catches_wrong_answers():
+    g = torch.Generator().manual_seed(1)
+    case = make_paged_case([50, 0], 2, 16, 1, torch.float32, device="cpu", generator=g)
+    out, lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert compare(out, lse, out, lse) == []
+    assert compare(out * 1.1, lse, out, lse)
+    assert compare(out, lse + 1e-2, out, lse)
+    bad = out.clone(); bad[0, 0, 0, 0] = float("nan")
+    assert compare(bad, lse, out, lse)
+    bad_lse = lse.clone(); bad_lse[1] = 0.0
+    assert compare(out, bad_lse, out, lse)
+
+
+def test_poisoning_covers_unused_slots():
+    case = make_paged_case([3, 17], 1, 8, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(2))
+    used = 0
+    for b, n in enumerate([3, 17]):
+        for j in range((n + 7) // 8):
+            page = case.kv_cache[case.block_table[b, j].long()]
+            k = min(8, n - 8 * j)
+            assert torch.isfinite(page[:k]).all() and torch.isnan(page[k:]).all()
+            used += 1
+    assert torch.isnan(case.kv_cache).any(dim=-1).any(dim=-1).sum() == case.kv_cache.shape[0] - used + 2  # 2 partial pages
+
+
+def test_split_heuristic_and_workspace_size():
+    assert default_num_kv_splits(132, 16, 1, 16384, 132) == 1            # batch fills the GPU
+    assert default_num_kv_splits(1, 16, 1, 16384, 132) == 64             # 256 tiles / 4 per split
+    assert default_num_kv_splits(1, 16, 1, 1024, 132) == 4
+    assert default_num_kv_splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
+    assert default_num_kv_splits(0, 16, 1, 100, 132) == 1
+    assert workspace_size(4, 16, 2, 1) == 0
+    assert workspace_size(4, 16, 2, 3) == 3 * 4 * 2 * 16 * 513 * 4
+    with pytest.raises(ValueError, match="num_kv_splits: expected a positive int"):
+        workspace_size(4, 16, 2, 0)

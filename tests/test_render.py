@@ -1,0 +1,83 @@
+"""Rendering: deterministic, write-if-changed, hashed headers, stale files removed, filters."""
+import importlib.util
+import json
+
+from codegen.cli import select
+from codegen.config import load_config
+from codegen.render import ROOT, render
+from codegen.variant import Variant
+
+
+def _cfg():
+    return load_config(ROOT / "variants.yaml")
+
+
+def _tree(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_deterministic_and_write_if_changed(tmp_path):
+    cfg = _cfg()
+    vs = cfg.presets["deepseek-v3-tp8"].variants()
+    a, b = tmp_path / "a" / "generated", tmp_path / "b" / "generated"
+    ra = render(cfg, vs, a, a.parent / "build" / "lib.so")
+    render(cfg, list(reversed(vs)), b, b.parent / "build" / "lib.so")
+    assert _tree(a) == _tree(b)  # same inputs, same bytes, whatever the order or folder
+    assert len(ra.written) == len(vs) + 3
+    mtimes = {p: p.stat().st_mtime_ns for p in a.rglob("*") if p.is_file()}
+    again = render(cfg, vs, a, a.parent / "build" / "lib.so")
+    assert again.written == [] and again.removed == []
+    assert mtimes == {p: p.stat().st_mtime_ns for p in a.rglob("*") if p.is_file()}
+
+
+def test_headers_carry_the_inputs_hash(tmp_path):
+    cfg = _cfg()
+    v = Variant(16, 64, "bf16", True)
+    g = tmp_path / "generated"
+    render(cfg, [v], g, tmp_path / "lib.so")
+    src = (g / "variants" / f"{v.name}.cu").read_text()
+    assert src.startswith("// generated, do not edit")
+    assert "inputs-hash: " in src.splitlines()[1]
+    assert f'extern "C" int {v.name}(' in src
+    assert "mla::launch<cutlass::bfloat16_t, 16, 64, true>" in src
+    for f in ("dispatch.py", "sources.cmake"):
+        assert (g / f).read_text().startswith("# generated, do not edit")
+    manifest = json.loads((g / "manifest.json").read_text())
+    assert manifest["generated"] == "do not edit" and len(manifest["inputs_hash"]) == 16
+
+
+def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
+    cfg = _cfg()
+    g = tmp_path / "generated"
+    v1, v2 = Variant(16, 64, "bf16", True), Variant(32, 64, "bf16", True)
+    render(cfg, [v1], g, tmp_path / "lib.so")
+    before = (g / "variants" / f"{v1.name}.cu").stat().st_mtime_ns
+    res = render(cfg, [v1, v2], g, tmp_path / "lib.so")
+    assert (g / "variants" / f"{v1.name}.cu").stat().st_mtime_ns == before
+    assert g / "variants" / f"{v2.name}.cu" in res.written
+    res = render(cfg, [v2], g, tmp_path / "lib.so")
+    assert res.removed == [g / "variants" / f"{v1.name}.cu"]
+
+
+def test_manifest_and_dispatch_table_agree(tmp_path):
+    cfg = _cfg()
+    vs = cfg.presets["kimi-k2"].variants()
+    g = tmp_path / "generated"
+    render(cfg, vs, g, tmp_path / "build" / "libmla_variants.so")
+    manifest = json.loads((g / "manifest.json").read_text())
+    spec = importlib.util.spec_from_file_location("d", g / "dispatch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert sorted(mod.VARIANTS.values()) == sorted(e["name"] for e in manifest["variants"])
+    for key, name in mod.VARIANTS.items():
+        assert Variant.from_name(name).key == key
+    assert mod.LIBRARY == "../build/libmla_variants.so"
+
+
+def test_filters():
+    vs = _cfg().variants()
+    assert {v.name for v in select(vs, ["h16_p64_bf16"])} == {"mla_decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_nosplit"}
+    assert all(v.page_size == 1 for v in select(vs, ["_p1_*"]))
+    assert len(select(vs, ["h8_", "h128_"])) == 2 * 16
+    assert select(vs, ["nothing"]) == []
+    assert select(vs, None) == vs

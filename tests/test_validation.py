@@ -1,0 +1,69 @@
+"""Every wrong input to mla_decode raises MLAInputError naming the argument, the expectation and the value.
+Runs on the CPU: validation happens before anything touches the GPU or the library."""
+import pytest
+import torch
+
+from mla_variants import MLAInputError, mla_decode
+
+
+def _args(**over):
+    a = dict(q=torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(10, 64, 576, dtype=torch.bfloat16),
+             block_table=torch.zeros(2, 4, dtype=torch.int32), seq_lens=torch.zeros(2, dtype=torch.int32), softmax_scale=0.1)
+    a.update(over)
+    return a
+
+
+def _err(**over):
+    kw = {k: over.pop(k) for k in list(over) if k in ("num_kv_splits", "out", "lse", "workspace")}
+    a = _args(**over)
+    with pytest.raises(MLAInputError) as e:
+        mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], **kw)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("over,words", [
+    (dict(q=torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16)), "q: expected last dimension 576"),
+    (dict(q=torch.zeros(2, 16, 576, dtype=torch.bfloat16)), "q: expected a 4-d tensor, got shape (2, 16, 576)"),
+    (dict(q=torch.zeros(2, 1, 16, 576)), "q: expected dtype torch.bfloat16 or torch.float16, got torch.float32"),
+    (dict(q=torch.zeros(2, 9, 16, 576, dtype=torch.bfloat16)), "q: expected q_len (dim 1) from 1 to 8, got 9"),
+    (dict(q=[torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16)]), "q: expected a tensor or the pair (q_nope, q_pe)"),
+    (dict(q=(torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(2, 1, 16, 32, dtype=torch.bfloat16))),
+     "q_pe: expected last dimension 64"),
+    (dict(q=(torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16))),
+     "q_pe: expected leading shape (2, 1, 16)"),
+    (dict(q=(torch.zeros(2, 1, 16, 500, dtype=torch.bfloat16), torch.zeros(2, 1, 16, 64, dtype=torch.bfloat16))),
+     "q_nope: expected last dimension 512 (kv_lora_rank)"),
+    (dict(kv_cache=torch.zeros(10, 64, 576, dtype=torch.float16)), "kv_cache: expected dtype torch.bfloat16, got torch.float16"),
+    (dict(kv_cache=torch.zeros(10, 64, 512, dtype=torch.bfloat16)), "kv_cache: expected shape [num_pages, page_size, 576]"),
+    (dict(kv_cache=torch.zeros(10, 64, 1, 576, dtype=torch.bfloat16)), "kv_cache: expected a 3-d tensor"),
+    (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), "block_table: expected dtype torch.int32, got torch.int64"),
+    (dict(block_table=torch.zeros(3, 4, dtype=torch.int32)), "block_table: expected shape [batch=2, max_pages_per_seq >= 1], got shape (3, 4)"),
+    (dict(block_table=torch.zeros(4, 2, dtype=torch.int32).t()), "block_table: expected a contiguous last dimension"),
+    (dict(seq_lens=torch.zeros(3, dtype=torch.int32)), "seq_lens: expected a contiguous tensor of shape [batch=2]"),
+    (dict(seq_lens=torch.zeros(2)), "seq_lens: expected dtype torch.int32, got torch.float32"),
+    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive float, got 0.0"),
+    (dict(softmax_scale=float("nan")), "softmax_scale: expected a finite positive float, got nan"),
+    (dict(softmax_scale=torch.tensor(0.1)), "softmax_scale: expected a finite positive float"),
+    (dict(), "q: expected a CUDA tensor, got a tensor on cpu"),
+])
+def test_input_errors(over, words):
+    assert words in _err(**over)
+
+
+def test_kv_cache_on_another_device_is_named():
+    meta = torch.zeros(10, 64, 576, dtype=torch.bfloat16, device="meta")
+    assert "kv_cache: expected a tensor on cpu (where q is), got meta" in _err(kv_cache=meta)
+
+
+@pytest.mark.parametrize("over,words", [
+    (dict(out=torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)), "out: expected shape (2, 1, 16, 512), got shape (2, 1, 16, 576)"),
+    (dict(out=torch.zeros(2, 1, 16, 512)), "out: expected dtype torch.bfloat16, got torch.float32"),
+    (dict(out=torch.zeros(2, 1, 16, 1024, dtype=torch.bfloat16)[..., ::2]), "out: expected a contiguous last dimension"),
+    (dict(lse=torch.zeros(2, 1, 16)), "lse: expected shape (2, 16, 1), got shape (2, 1, 16)"),
+    (dict(lse=torch.zeros(2, 16, 1, dtype=torch.float64)), "lse: expected dtype torch.float32, got torch.float64"),
+    (dict(num_kv_splits=0), "num_kv_splits: expected an int from 1 to 256, got 0"),
+    (dict(num_kv_splits=257), "num_kv_splits: expected an int from 1 to 256, got 257"),
+    (dict(num_kv_splits=2.0), "num_kv_splits: expected an int from 1 to 256, got 2.0"),
+])
+def test_output_and_split_errors(over, words):
+    assert words in _err(**over)
