@@ -67,7 +67,12 @@ class Library:
             raise LibraryNotBuiltError(f"{self.path} has ABI version {got}, this package expects {ABI_VERSION}: rebuild")
         self._launchers: dict[str, ctypes._CFuncPtr] = {}
         for name in self.table.values():
-            fn = getattr(self.cdll, name)  # AttributeError here means the table and library disagree
+            try:
+                fn = getattr(self.cdll, name)
+            except AttributeError:
+                raise LibraryNotBuiltError(
+                    f"{self.path} does not export {name}, which {table} lists: the build is stale, "
+                    f"run `mla-variants build`") from None
             fn.argtypes = [ctypes.POINTER(MlaDecodeArgs)]
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
