@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))  # use this checkout's package (and its generated/
 
 import torch  # noqa: E402
 
-from mla_variants import (LibraryNotBuiltError, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
+from mla_variants import (LibraryNotBuiltError, MLADecodePlan, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
                           mla_decode, mla_decode_reference, workspace_size)
 from mla_variants.testing import compare  # noqa: E402
 
@@ -263,17 +263,20 @@ def host_overhead_us(inputs: dict, num_kv_splits: int, n: int = 300, rounds: int
     out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=inputs["q"].device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=out.device)
     ws = torch.empty(max(workspace_size(batch, heads, q_len, num_kv_splits), 16), dtype=torch.uint8, device=out.device)
+    plan = MLADecodePlan(batch, heads, inputs["kv_cache"].shape[1], q_len=q_len, dtype=inputs["q"].dtype,
+                         num_kv_splits=num_kv_splits)
     result = {}
-    for name, kw in (("default_args", {}),
-                     ("preallocated", dict(num_kv_splits=num_kv_splits, out=out, lse=lse, workspace=ws))):
+    for name, fn, kw in (("default_args", mla_decode, {}),
+                         ("preallocated", mla_decode, dict(num_kv_splits=num_kv_splits, out=out, lse=lse, workspace=ws)),
+                         ("plan_run", plan.run, dict(out=out, lse=lse))):
         for _ in range(20):
-            mla_decode(*args, **kw)
+            fn(*args, **kw)
         best = math.inf
         for _ in range(rounds):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
-                mla_decode(*args, **kw)
+                fn(*args, **kw)
             best = min(best, time.perf_counter() - t0)
         torch.cuda.synchronize()
         result[name] = best / n * 1e6
@@ -509,7 +512,8 @@ def main(argv=None) -> int:
             overhead["case"] = small
             print(f"host overhead of one eager call (heads {small['num_heads']}, batch 1, seq 1024, page "
                   f"{small['page_size']}): {overhead['default_args']:.1f} us with default arguments, "
-                  f"{overhead['preallocated']:.1f} us with preallocated out/lse/workspace", flush=True)
+                  f"{overhead['preallocated']:.1f} us with preallocated out/lse/workspace, "
+                  f"{overhead['plan_run']:.1f} us through MLADecodePlan.run", flush=True)
             del inputs
     print("('*' after splits: no exact variant, served by a larger head count or head groups)", flush=True)
     print_header()

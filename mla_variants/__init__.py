@@ -9,9 +9,11 @@ from ._binding import LibraryNotBuiltError
 from .api import (MLAInputError, default_num_kv_splits, is_supported, list_variants, mla_decode,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
+from .plan import MLADecodePlan
 from .reference import mla_decode_reference
+from . import ops  # registers torch.ops.mla_variants.mla_decode / mla_decode_out
 
 __all__ = [
-    "mla_decode", "mla_decode_reference", "workspace_size", "default_num_kv_splits", "list_variants",
+    "mla_decode", "MLADecodePlan", "mla_decode_reference", "workspace_size", "default_num_kv_splits", "list_variants",
     "is_supported", "MLAInputError", "VariantNotCompiledError", "LibraryNotBuiltError",
 ]

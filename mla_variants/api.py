@@ -84,47 +84,27 @@ def _check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:
 
 
 def _check_layout(arg: str, t: torch.Tensor, align_elems: int) -> None:
-    """The kernel reads 16-byte vectors: last dim contiguous, other strides and the base aligned."""
-    if t.stride(-1) != 1:
-        _fail(arg, "a contiguous last dimension (stride 1)", f"strides {tuple(t.stride())}")
-    bad = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and s % align_elems]
+    """The kernel reads and writes vectors: last dim contiguous, other strides and the base aligned."""
+    stride = t.stride()
+    if stride[-1] != 1 and t.shape[-1] > 1:
+        _fail(arg, "a contiguous last dimension (stride 1)", f"strides {tuple(stride)}")
+    bad = [s for s, n in zip(stride[:-1], t.shape[:-1]) if n > 1 and (s % align_elems or s < 0)]
     if bad or t.data_ptr() % (align_elems * t.element_size()):
-        _fail(arg, f"strides that are multiples of {align_elems} elements and a {align_elems * t.element_size()}-byte "
-                   f"aligned start", f"strides {tuple(t.stride())}, data_ptr % 16 = {t.data_ptr() % 16}")
+        _fail(arg, f"non-negative strides that are multiples of {align_elems} elements and a "
+                   f"{align_elems * t.element_size()}-byte aligned start",
+              f"strides {tuple(stride)}, data_ptr % 16 = {t.data_ptr() % 16}")
 
 
-def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
-               *, num_kv_splits: int | None = None, max_seq_len: int | None = None, out: torch.Tensor | None = None,
-               lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False):
-    """One MLA decode step over a paged latent KV cache.
+class _Call:
+    """A validated decode call: the tensors the kernel reads and writes, and its sizes."""
 
-    Args:
-      q: [batch, q_len, num_heads, 576] bf16/fp16 (576 = kv_lora_rank 512 + qk_rope_head_dim 64), or the
-        pair (q_nope [batch, q_len, num_heads, 512], q_pe [batch, q_len, num_heads, 64]) read in place.
-        Last dimension contiguous, other strides multiples of 8 elements. q_len 1..8; for q_len > 1 the
-        mask is causal and bottom-right aligned (query i sees the first seq_len - (q_len - 1 - i) keys).
-      kv_cache: [num_pages, page_size, 576], q's dtype and device; K is the whole row, V its first 512
-        values. Any page/token stride that is a multiple of 8 elements (a view into a larger buffer works).
-      block_table: [batch, max_pages_per_seq] int32; entries past a request's last page are never read.
-      seq_lens: [batch] int32 on q's device; 0 is legal (out 0, lse -inf). Keys beyond
-        max_pages_per_seq * page_size are not addressable (checked with debug=True).
-      softmax_scale: positive float multiplying q.k (DeepSeek: (128 + 64) ** -0.5 times the YaRN factor).
-      num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits`.
-      max_seq_len: upper bound of seq_lens for the split heuristic (default: the block table's capacity).
-      out: optional preallocated [batch, q_len, num_heads, 512] in q's dtype (last dim contiguous).
-      lse: optional preallocated [batch, num_heads, q_len] fp32.
-      workspace: optional device tensor of at least :func:`workspace_size` bytes for split-KV; when absent
-        and splits are used, one is allocated for this call.
-      debug: check seq_lens and block_table entries against the cache on the host (synchronizes).
+    __slots__ = ("q_nope", "q_pe", "q_arg", "kv_cache", "block_table", "seq_lens", "softmax_scale", "out", "lse",
+                 "batch", "q_len", "num_heads", "page_size", "dtype", "device")
 
-    Returns:
-      (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
 
-    Raises:
-      MLAInputError (a ValueError) naming the argument for any wrong shape, dtype, device, stride or value;
-      VariantNotCompiledError when no compiled variant serves (page_size, dtype); LibraryNotBuiltError
-      when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
-    """
+def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse) -> _Call:
+    """Check every argument (raising MLAInputError naming it) and return the call; out/lse may stay None."""
+    c = _Call()
     # -- q ---------------------------------------------------------------------------------------
     if isinstance(q, (tuple, list)):
         if len(q) != 2:
@@ -138,11 +118,13 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
             _fail("q_pe", f"last dimension {QK_ROPE_HEAD_DIM} (qk_rope_head_dim)", f"shape {tuple(q_pe.shape)}")
         if q_pe.shape[:3] != q_nope.shape[:3]:
             _fail("q_pe", f"leading shape {tuple(q_nope.shape[:3])} (as q_nope)", f"{tuple(q_pe.shape[:3])}")
+        c.q_arg = ("q_nope", "q_pe")
     else:
         _check_tensor("q", q, 4, tuple(_DTYPES))
         if q.shape[-1] != HEAD_DIM:
             _fail("q", f"last dimension {HEAD_DIM} (kv_lora_rank 512 + qk_rope_head_dim 64)", f"shape {tuple(q.shape)}")
         q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        c.q_arg = ("q", "q")
     batch, q_len, num_heads, _ = q_nope.shape
     dtype, device = q_nope.dtype, q_nope.device
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -160,7 +142,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     _check_tensor("block_table", block_table, 2, torch.int32, device)
     if block_table.shape[0] != batch or block_table.shape[1] < 1:
         _fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")
-    if block_table.stride(-1) != 1:
+    if block_table.stride(-1) != 1 or block_table.stride(0) < 0:
         _fail("block_table", "a contiguous last dimension", f"strides {tuple(block_table.stride())}")
     _check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
     if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
@@ -169,16 +151,12 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         _fail("softmax_scale", "a finite positive float", repr(softmax_scale))
 
     # -- outputs -------------------------------------------------------------------------------
-    if out is None:
-        out = torch.empty((batch, q_len, num_heads, KV_LORA_RANK), dtype=dtype, device=device)
-    else:
+    if out is not None:
         _check_tensor("out", out, 4, dtype, device)
         if tuple(out.shape) != (batch, q_len, num_heads, KV_LORA_RANK):
             _fail("out", f"shape {(batch, q_len, num_heads, KV_LORA_RANK)}", f"shape {tuple(out.shape)}")
         _check_layout("out", out, 4)
-    if lse is None:
-        lse = torch.empty((batch, num_heads, q_len), dtype=torch.float32, device=device)
-    else:
+    if lse is not None:
         _check_tensor("lse", lse, 3, torch.float32, device)
         if tuple(lse.shape) != (batch, num_heads, q_len):
             _fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
@@ -187,66 +165,143 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
     if device.type != "cuda":
         _fail("q", "a CUDA tensor", f"a tensor on {device}")
-    if batch == 0:
-        return out, lse
-    for arg, t in (("q_nope" if isinstance(q, (tuple, list)) else "q", q_nope), ("q_pe" if isinstance(q, (tuple, list)) else "q", q_pe),
-                   ("kv_cache", kv_cache)):
-        _check_layout(arg, t, 8)
+    if batch:
+        _check_layout(c.q_arg[0], q_nope, 8)
+        _check_layout(c.q_arg[1], q_pe, 8)
+        _check_layout("kv_cache", kv_cache, 8)
+    c.q_nope, c.q_pe, c.kv_cache, c.block_table, c.seq_lens = q_nope, q_pe, kv_cache, block_table, seq_lens
+    c.softmax_scale, c.out, c.lse = float(softmax_scale), out, lse
+    c.batch, c.q_len, c.num_heads, c.page_size, c.dtype, c.device = batch, q_len, num_heads, page_size, dtype, device
+    return c
 
-    capacity = block_table.shape[1] * page_size
-    if max_seq_len is None:
-        max_seq_len = capacity
-    if num_kv_splits is None:
-        num_kv_splits = default_num_kv_splits(batch, num_heads, q_len, max_seq_len, _sm_count(device.index or 0))
 
-    if debug:
-        _debug_check(kv_cache, block_table, seq_lens, page_size, capacity)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
+
+def _current_stream(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int) -> None:
+    """Fill one MlaDecodeArgs per launch (head group) and call the compiled launchers on the current stream."""
     lib = _binding.library()
-    launches = plan_launches(lib.table, num_heads, page_size, _DTYPES[dtype], num_kv_splits > 1)
-    need = max(workspace_size(batch, l.num_heads, q_len, num_kv_splits) for l in launches)
-    if need:
-        if workspace is None:
-            workspace = torch.empty(need, dtype=torch.uint8, device=device)
-        else:
-            _check_tensor("workspace", workspace, workspace.dim() if isinstance(workspace, torch.Tensor) else 1, None, device)
-            if not workspace.is_contiguous() or workspace.numel() * workspace.element_size() < need or workspace.data_ptr() % 16:
-                _fail("workspace", f"a contiguous, 16-byte aligned tensor of at least {need} bytes "
-                                   f"(workspace_size(batch={batch}, num_heads, q_len={q_len}, num_kv_splits={num_kv_splits}))",
-                      f"{workspace.numel() * workspace.element_size()} bytes, contiguous={workspace.is_contiguous()}")
-
-    stream = torch.cuda.current_stream(device).cuda_stream
+    qn, qp, o, ls = c.q_nope, c.q_pe, c.out, c.lse
+    qn_s, qp_s, o_s, l_s = qn.stride(), qp.stride(), o.stride(), ls.stride()
+    esize = qn.element_size()
+    kv_s = c.kv_cache.stride()
+    ws_ptr = workspace.data_ptr() if workspace_bytes else None
+    stream = _current_stream(c.device)
     for l in launches:
-        hs, n = l.head_start, l.num_heads
-        qn, qp, o, ls = q_nope[:, :, hs:hs + n], q_pe[:, :, hs:hs + n], out[:, :, hs:hs + n], lse[:, hs:hs + n]
+        hs = l.head_start
         args = _binding.MlaDecodeArgs(
-            _binding.ABI_VERSION, batch, q_len, n, block_table.shape[1], num_kv_splits,
-            qn.data_ptr(), qn.stride(0), qn.stride(1), qn.stride(2),
-            qp.data_ptr(), qp.stride(0), qp.stride(1), qp.stride(2),
-            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
-            block_table.data_ptr(), block_table.stride(0), seq_lens.data_ptr(),
-            float(softmax_scale),
-            o.data_ptr(), o.stride(0), o.stride(1), o.stride(2),
-            ls.data_ptr(), ls.stride(0), ls.stride(1), ls.stride(2),
-            workspace.data_ptr() if need else None, need,
+            _binding.ABI_VERSION, c.batch, c.q_len, l.num_heads, c.block_table.shape[1], num_kv_splits,
+            qn.data_ptr() + hs * qn_s[2] * esize, qn_s[0], qn_s[1], qn_s[2],
+            qp.data_ptr() + hs * qp_s[2] * esize, qp_s[0], qp_s[1], qp_s[2],
+            c.kv_cache.data_ptr(), kv_s[0], kv_s[1],
+            c.block_table.data_ptr(), c.block_table.stride(0), c.seq_lens.data_ptr(),
+            c.softmax_scale,
+            o.data_ptr() + hs * o_s[2] * esize, o_s[0], o_s[1], o_s[2],
+            ls.data_ptr() + hs * l_s[1] * 4, l_s[0], l_s[1], l_s[2],
+            ws_ptr, workspace_bytes,
             stream,
         )
         lib.launch(l.symbol, args)
-    return out, lse
 
 
-def _debug_check(kv_cache, block_table, seq_lens, page_size: int, capacity: int) -> None:
-    lens = seq_lens.cpu()
-    if (lens < 0).any():
-        _fail("seq_lens", "values >= 0", lens[lens < 0][:4].tolist())
-    if (lens > capacity).any():
-        _fail("seq_lens", f"values <= max_pages_per_seq * page_size = {capacity}", lens.max().item())
-    table = block_table.cpu()
-    for b, n in enumerate(lens.tolist()):
-        used = table[b, : (n + page_size - 1) // page_size]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv_cache.shape[0]):
-            _fail("block_table", f"page ids in [0, {kv_cache.shape[0]}) for the pages request {b} uses",
-                  f"{used.min().item()}..{used.max().item()}")
+def _check_workspace(workspace, need: int, device, what: str) -> None:
+    if not isinstance(workspace, torch.Tensor) or workspace.device != device:
+        _fail("workspace", f"a tensor on {device}", type(workspace).__name__ if not isinstance(workspace, torch.Tensor) else workspace.device)
+    nbytes = workspace.numel() * workspace.element_size()
+    if not workspace.is_contiguous() or nbytes < need or workspace.data_ptr() % 16:
+        _fail("workspace", f"a contiguous, 16-byte aligned tensor of at least {need} bytes ({what})",
+              f"{nbytes} bytes, contiguous={workspace.is_contiguous()}, data_ptr % 16 = {workspace.data_ptr() % 16}")
+
+
+def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+               *, num_kv_splits: int | None = None, max_seq_len: int | None = None, out: torch.Tensor | None = None,
+               lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False):
+    """One MLA decode step over a paged latent KV cache.
+
+    Args:
+      q: [batch, q_len, num_heads, 576] bf16/fp16 (576 = kv_lora_rank 512 + qk_rope_head_dim 64), or the
+        pair (q_nope [batch, q_len, num_heads, 512], q_pe [batch, q_len, num_heads, 64]) read in place.
+        Last dimension contiguous, other strides multiples of 8 elements. q_len 1..8; for q_len > 1 the
+        mask is causal and bottom-right aligned (query i sees the first seq_len - (q_len - 1 - i) keys).
+      kv_cache: [num_pages, page_size, 576], q's dtype and device; K is the whole row, V its first 512
+        values. Any page/token stride that is a multiple of 8 elements (a view into a larger buffer works).
+      block_table: [batch, max_pages_per_seq] int32; entries past a request's last page are never read.
+      seq_lens: [batch] int32 on q's device; 0 is legal (out 0, lse -inf). A request whose seq_len is
+        negative or exceeds max_pages_per_seq * page_size gets NaN out and lse (debug=True raises instead).
+      softmax_scale: positive float multiplying q.k (DeepSeek: (128 + 64) ** -0.5 times the YaRN factor).
+      num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits`.
+      max_seq_len: upper bound of seq_lens for the split heuristic (default: the block table's capacity).
+      out: optional preallocated [batch, q_len, num_heads, 512] in q's dtype (last dim contiguous).
+      lse: optional preallocated [batch, num_heads, q_len] fp32.
+      workspace: optional device tensor of at least :func:`workspace_size` bytes for split-KV; when absent
+        and splits are used, one is allocated for this call.
+      debug: check seq_lens and the used block_table entries against the cache before launching
+        (a device-side check plus one synchronization).
+
+    Returns:
+      (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
+
+    Raises:
+      MLAInputError (a ValueError) naming the argument for any wrong shape, dtype, device, stride or value;
+      VariantNotCompiledError when no compiled variant serves (page_size, dtype); LibraryNotBuiltError
+      when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
+    """
+    c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse)
+    if c.out is None:
+        c.out = torch.empty((c.batch, c.q_len, c.num_heads, KV_LORA_RANK), dtype=c.dtype, device=c.device)
+    if c.lse is None:
+        c.lse = torch.empty((c.batch, c.num_heads, c.q_len), dtype=torch.float32, device=c.device)
+    if c.batch == 0:
+        return c.out, c.lse
+    if num_kv_splits is None:
+        bound = max_seq_len if max_seq_len is not None else block_table.shape[1] * c.page_size
+        num_kv_splits = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device.index or 0))
+    if debug:
+        _debug_check(kv_cache, block_table, seq_lens, c.page_size)
+    launches = _plan(_binding.library(), c.num_heads, c.page_size, _DTYPES[c.dtype], num_kv_splits > 1)
+    need = workspace_size(c.batch, max(l.num_heads for l in launches), c.q_len, num_kv_splits)
+    if need:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.uint8, device=c.device)
+        else:
+            _check_workspace(workspace, need, c.device,
+                             f"workspace_size(batch={c.batch}, num_heads, q_len={c.q_len}, num_kv_splits={num_kv_splits})")
+    _launch(c, launches, num_kv_splits, workspace, need)
+    return c.out, c.lse
+
+
+def _plan(lib, num_heads: int, page_size: int, dtype: str, split: bool):
+    """plan_launches, memoized per library (the table never changes once loaded)."""
+    key = (num_heads, page_size, dtype, split)
+    cache = lib.__dict__.setdefault("_plans", {})
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = plan_launches(lib.table, *key)
+    return got
+
+
+def _debug_check(kv_cache, block_table, seq_lens, page_size: int) -> None:
+    """Opt-in checks on the device, then one synchronization: seq_lens within [0, capacity] and every
+    block_table entry a request uses inside [0, num_pages)."""
+    capacity = block_table.shape[1] * page_size
+    lens = seq_lens.long()
+    bad_len = (lens < 0) | (lens > capacity)
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < ((lens + page_size - 1) // page_size)[:, None]
+    bad_page = used & ((block_table < 0) | (block_table >= kv_cache.shape[0]))
+    flags = torch.stack([bad_len.any(), bad_page.any()]).tolist()  # the one synchronization
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        _fail("seq_lens", f"values in [0, max_pages_per_seq * page_size = {capacity}]", f"{int(lens[b])} for request {b}")
+    if flags[1]:
+        b, j = (int(x) for x in bad_page.nonzero()[0])
+        _fail("block_table", f"page ids in [0, num_pages = {kv_cache.shape[0]}) for the pages a request uses",
+              f"block_table[{b}, {j}] = {int(block_table[b, j])}")
 
 
 def list_variants() -> list[tuple[int, int, str, bool]]:

@@ -33,7 +33,7 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
     batch = len(seq_lens)
     pages_per = [(n + page_size - 1) // page_size for n in seq_lens]
     width = max(max_pages or 0, max(pages_per, default=0), 1)
-    num_pages = sum(pages_per) + extra_pages
+    num_pages = max(1, sum(pages_per) + extra_pages)
     kv = (torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std).to(dtype)
     perm = torch.randperm(num_pages, generator=g)
     table = torch.full((batch, width), -1 if poison else 0, dtype=torch.int32)

@@ -25,7 +25,12 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   const SplitWorkspace ws = split_workspace(a);
 
   float max_lse = -INFINITY;
-  for (int split = 0; split < a.num_kv_splits; ++split) max_lse = fmaxf(max_lse, ws.lse[split * rows_per_split + row]);
+  bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
+  for (int split = 0; split < a.num_kv_splits; ++split) {
+    const float l = ws.lse[split * rows_per_split + row];
+    bad |= isnan(l);
+    max_lse = fmaxf(max_lse, l);
+  }
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum = 0.f;
@@ -41,7 +46,8 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
       acc.w += w * o.w;
     }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  float inv = sum > 0.f ? 1.f / sum : 0.f;
+  if (bad) inv = sum = __int_as_float(0x7fc00000);
   Element* dst = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
                  int64_t(h) * a.out_stride_head + threadIdx.x * 4;
   uint2 packed;
@@ -50,7 +56,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   *reinterpret_cast<uint2*>(dst) = packed;
   if (threadIdx.x == 0) {
     a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =
-        sum > 0.f ? max_lse + logf(sum) : -INFINITY;
+        bad ? sum : (sum > 0.f ? max_lse + logf(sum) : -INFINITY);
   }
 }
 

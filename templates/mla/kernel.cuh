@@ -235,10 +235,13 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   const int b = blockIdx.x / p.num_m_blocks;
   const int split = blockIdx.y;
 
-  // Keys of this request; never address block_table past its width.
-  const int seq_len = min(a.seq_lens[b], a.max_pages_per_seq * PAGE_SIZE);
+  // Keys of this request. A seq_len that block_table cannot address (or a negative one) is never
+  // read past the table: the request's rows get NaN, so the bad input cannot pass for an answer.
+  const int raw_len = a.seq_lens[b];
+  const bool bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
+  const int seq_len = bad_len ? 0 : raw_len;
   int kv_begin, kv_end;
-  split_range(max(seq_len, 0), a.num_kv_splits, split, kv_begin, kv_end);
+  split_range(seq_len, a.num_kv_splits, split, kv_begin, kv_end);
   const int num_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
 
   // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
@@ -355,6 +358,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
     inv_sum[r] = l > 0.f ? 1.f / l : 0.f;
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+    if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
   store_rows<Element, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
 }

@@ -1,0 +1,44 @@
+"""mla_decode as PyTorch custom ops, for torch.compile (fullgraph) and torch.library.opcheck.
+
+    torch.ops.mla_variants.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits)
+        -> (out, lse)                                   # functional: allocates out and lse
+    torch.ops.mla_variants.mla_decode_out(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale,
+                                          num_kv_splits, out, lse) -> None   # writes the preallocated out / lse
+
+num_kv_splits = 0 means the default heuristic. q_nope / q_pe may be views of one packed q
+(``q[..., :512]``, ``q[..., 512:]``). Each op has a fake (meta) implementation, so compiled graphs see
+the output shapes without running the kernel. The eager fast path is :func:`mla_variants.mla_decode`
+(or :class:`mla_variants.MLADecodePlan`); the ops add the dispatcher's overhead.
+"""
+from __future__ import annotations
+
+import torch
+
+from .api import KV_LORA_RANK, mla_decode as _mla_decode
+
+
+@torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")
+def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
+                       num_kv_splits=num_kv_splits or None)
+
+
+@mla_decode_op.register_fake
+def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits):
+    batch, q_len, num_heads, _ = q_nope.shape
+    return (q_nope.new_empty((batch, q_len, num_heads, KV_LORA_RANK)),
+            q_nope.new_empty((batch, num_heads, q_len), dtype=torch.float32))
+
+
+@torch.library.custom_op("mla_variants::mla_decode_out", mutates_args=("out", "lse"), device_types="cuda")
+def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int, out: torch.Tensor,
+                      lse: torch.Tensor) -> None:
+    _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
+                num_kv_splits=num_kv_splits or None, out=out, lse=lse)
+
+
+@mla_decode_out_op.register_fake
+def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse):
+    return None

@@ -1,0 +1,86 @@
+"""Plan once, run every step: the serving-engine API (CUDA-graph safe, no allocation per step).
+
+An engine makes one MLADecodePlan per (num_heads, q_len, page_size, dtype) for its largest batch. The
+plan chooses the variants and the split count once and owns (or is given) a workspace of fixed address
+and fixed size; ``run`` validates, then only launches: no allocation, no host synchronization, no
+device-to-host copy. The kernel derives each request's key range from ``seq_lens`` on the device, so a
+CUDA graph captured once replays correctly while lengths grow and the real batch shrinks; padded rows
+with seq_len 0 cost one early-exiting CTA each and write out 0 / lse -inf.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _binding
+from .api import (_DTYPES, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, _check_workspace, _fail, _launch, _plan,
+                  _sm_count, _validate, default_num_kv_splits, workspace_size)
+
+
+class MLADecodePlan:
+    """A decode plan for batches of up to `max_batch` requests.
+
+    Args:
+      max_batch: the largest batch `run` will see (e.g. the largest CUDA-graph batch size).
+      num_heads, page_size, q_len: fixed for the plan; dtype: torch.bfloat16 or torch.float16.
+      max_seq_len: the longest sequence the engine serves (for the split heuristic).
+      num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits` for max_batch.
+      device: the CUDA device (default: the current one).
+      workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
+        (see :func:`mla_variants.workspace_size`); otherwise the plan allocates one now.
+
+    Raises MLAInputError for bad arguments, VariantNotCompiledError if no compiled variant serves them.
+    """
+
+    def __init__(self, max_batch: int, num_heads: int, page_size: int, *, q_len: int = 1,
+                 dtype: torch.dtype = torch.bfloat16, max_seq_len: int = 131072, num_kv_splits: int | None = None,
+                 device: torch.device | str | int | None = None, workspace: torch.Tensor | None = None):
+        for name, v, lo, hi in (("max_batch", max_batch, 1, 2**31 - 1), ("num_heads", num_heads, 1, 2**20),
+                                ("page_size", page_size, 1, 2**20), ("q_len", q_len, 1, MAX_Q_LEN),
+                                ("max_seq_len", max_seq_len, 1, 2**31 - 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                _fail(name, f"an int from {lo} to {hi}", repr(v))
+        if dtype not in _DTYPES:
+            _fail("dtype", "torch.bfloat16 or torch.float16", dtype)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if self.device.type != "cuda":
+            _fail("device", "a CUDA device", self.device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if num_kv_splits is None:
+            num_kv_splits = default_num_kv_splits(max_batch, num_heads, q_len, max_seq_len, _sm_count(self.device.index))
+        elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+            _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
+        self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
+        self.num_kv_splits = num_kv_splits
+        self.launches = _plan(_binding.library(), num_heads, page_size, _DTYPES[dtype], num_kv_splits > 1)
+        self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, num_kv_splits)
+        if workspace is None:
+            workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
+        else:
+            _check_workspace(workspace, self.workspace_bytes, self.device, "MLADecodePlan.workspace_bytes")
+        self.workspace = workspace
+
+    def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+            *, out: torch.Tensor, lse: torch.Tensor):
+        """Launch one decode step on the current stream; same tensors as :func:`mla_variants.mla_decode`,
+        batch <= max_batch, and preallocated `out` [batch, q_len, num_heads, 512] and `lse`
+        [batch, num_heads, q_len] (run allocates nothing). Returns (out, lse)."""
+        if out is None or lse is None:
+            _fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run allocates nothing)", None)
+        c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse)
+        if (c.num_heads, c.page_size, c.q_len, c.dtype) != (self.num_heads, self.page_size, self.q_len, self.dtype):
+            _fail("q/kv_cache", f"num_heads={self.num_heads}, page_size={self.page_size}, q_len={self.q_len}, "
+                                f"dtype={self.dtype} (this plan's)",
+                  f"num_heads={c.num_heads}, page_size={c.page_size}, q_len={c.q_len}, dtype={c.dtype}")
+        if c.batch > self.max_batch:
+            _fail("q", f"batch <= the plan's max_batch={self.max_batch}", c.batch)
+        if c.device != self.device:
+            _fail("q", f"a tensor on the plan's device {self.device}", c.device)
+        if c.batch:
+            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
+        return out, lse
+
+    def __repr__(self) -> str:
+        return (f"MLADecodePlan(max_batch={self.max_batch}, num_heads={self.num_heads}, page_size={self.page_size}, "
+                f"q_len={self.q_len}, dtype={self.dtype}, num_kv_splits={self.num_kv_splits}, "
+                f"launches={[l.symbol for l in self.launches]}, workspace_bytes={self.workspace_bytes})")

@@ -1,0 +1,74 @@
+"""Randomized cases against the reference on the GPU (skipped without an sm_90 GPU).
+
+Each case draws batch, q_len, num_heads (1..160), page size (from the build), seq_lens (0, page
+boundaries, random, long), junk-filled block tables, split forcing, dtype and strided q/out views.
+A failure prints the seed; rerun one case with MLA_FUZZ_SEED=<seed> pytest tests/test_gpu_fuzz.py.
+"""
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
+from mla_variants.testing import compare, make_paged_case  # noqa: E402
+
+NUM_CASES = int(os.environ.get("MLA_FUZZ_CASES", "1500"))
+
+
+def _lens(rng, page, n):
+    picks = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.15:
+            picks.append(0)
+        elif kind < 0.45:
+            picks.append(max(0, page * rng.randint(1, 8) + rng.choice([-1, 0, 1])))
+        elif kind < 0.9:
+            picks.append(rng.randint(1, 1500))
+        else:
+            picks.append(rng.randint(1500, 20000))
+    return picks
+
+
+def run_case(seed: int, table) -> list[str]:
+    rng = random.Random(seed)
+    pages = sorted({k[1] for k in table})
+    dtypes = sorted({k[2] for k in table})
+    page = rng.choice(pages)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[rng.choice(dtypes)]
+    num_heads = rng.choice([1, 2, 3, 8, 16, 20, 32, 64, 100, 128, 160, rng.randint(1, 160)])
+    q_len = rng.choice([1, 1, 2, 3, 4, 8])
+    batch = rng.randint(1, 6)
+    splits = rng.choice([None, 1, 2, 3, 7, 32, 256])
+    case = make_paged_case(_lens(rng, page, batch), num_heads, page, q_len, dtype,
+                           generator=torch.Generator().manual_seed(seed), extra_pages=rng.randint(0, 4),
+                           max_pages=rng.randint(0, 40))
+    q = case.q
+    if rng.random() < 0.3:  # q as a strided view of a wider buffer
+        wide = torch.zeros(*q.shape[:3], 576 + 64, dtype=dtype, device="cuda")
+        wide[..., 64:] = q
+        q = wide[..., 64:]
+    out = None
+    if rng.random() < 0.3:
+        out = torch.full((batch, q_len, num_heads, 512 + 128), float("nan"), dtype=dtype, device="cuda")[..., :512]
+    got_out, got_lse = mla_decode(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                  num_kv_splits=splits, out=out)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    problems = compare(got_out, got_lse, ref_out, ref_lse)
+    return [f"seed={seed} (page {page}, {dtype}, heads {num_heads}, q_len {q_len}, seq_lens {case.seq_lens.tolist()}, "
+            f"splits {splits}): {p}" for p in problems]
+
+
+def test_fuzz():
+    from mla_variants._binding import library
+    table = library().table
+    seeds = [int(os.environ["MLA_FUZZ_SEED"])] if "MLA_FUZZ_SEED" in os.environ else range(NUM_CASES)
+    failures = []
+    for seed in seeds:
+        failures += run_case(seed, table)
+        if len(failures) >= 5:
+            break
+    assert not failures, "\n".join(failures)
