@@ -65,7 +65,7 @@ def cmd_list(args) -> int:
     for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
         regs = usage.get(name, {}).get("registers", "?")
         print(f"{h:>9} {p:>9} {d:>5} {str(s).lower():>5}  {regs:>9}  {name}")
-    print(f"{len(mod.VARIANTS)} variants, library {Path(args.generated_dir) / mod.LIBRARY}")
+    print(f"{len(mod.VARIANTS)} variants, library {(Path(args.generated_dir) / mod.LIBRARY).resolve()}")
     return 0
 
 

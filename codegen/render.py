@@ -90,9 +90,13 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
         emit(path, vt.render(v=v, cpp_type=v.cpp_type, inputs_hash=h))
         sources.append(path)
 
+    # Sources of variants that variants.yaml still describes stay on disk when a build selects fewer
+    # (--preset/--filter), so their objects stay valid and selecting them again recompiles nothing;
+    # sources of variants the yaml no longer describes are removed.
+    known = {v.name for v in config.variants()} | {v.name for p in config.presets.values() for v in p.variants()}
     removed = []
     for stale in sorted((generated_dir / "variants").glob("*.cu")):
-        if stale not in sources:
+        if stale not in sources and stale.stem not in known:
             stale.unlink()
             removed.append(stale)
 

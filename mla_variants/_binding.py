@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -30,6 +31,18 @@ class MlaDecodeArgs(ctypes.Structure):
         ("workspace", _vp), ("workspace_bytes", _i64),
         ("stream", _vp),
     ]
+
+
+# The same struct as bytes: struct.pack with native alignment lays fields out as the C compiler does,
+# and packing is several times faster than filling a ctypes.Structure on every call.
+_CODES = {_i32: "i", _i64: "q", _vp: "Q", _f32: "f"}
+_PACKER = struct.Struct("@" + "".join(_CODES[t] for _, t in MlaDecodeArgs._fields_))
+assert _PACKER.size == ctypes.sizeof(MlaDecodeArgs), "MlaDecodeArgs packing disagrees with ctypes"
+
+
+def pack_args(*fields) -> bytes:
+    """MlaDecodeArgs as bytes: every field after abi_version, in declaration order (pointers as ints)."""
+    return _PACKER.pack(ABI_VERSION, *fields)
 
 
 class LibraryNotBuiltError(RuntimeError):
@@ -73,12 +86,13 @@ class Library:
                 raise LibraryNotBuiltError(
                     f"{self.path} does not export {name}, which {table} lists: the build is stale, "
                     f"run `mla-variants build`") from None
-            fn.argtypes = [ctypes.POINTER(MlaDecodeArgs)]
+            fn.argtypes = [ctypes.c_char_p]  # a pack_args() buffer (or bytes(MlaDecodeArgs(...)))
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
 
-    def launch(self, symbol: str, args: MlaDecodeArgs) -> None:
-        code = self._launchers[symbol](ctypes.byref(args))
+    def launch(self, symbol: str, args: bytes) -> None:
+        """Call a launcher with a packed MlaDecodeArgs; raises RuntimeError with the CUDA error string."""
+        code = self._launchers[symbol](args)
         if code != 0:
             msg = self.cdll.mla_variants_error_string(code).decode()
             raise RuntimeError(f"{symbol} failed with CUDA error {code}: {msg}")

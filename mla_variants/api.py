@@ -96,15 +96,99 @@ def _check_layout(arg: str, t: torch.Tensor, align_elems: int) -> None:
 
 
 class _Call:
-    """A validated decode call: the tensors the kernel reads and writes, and its sizes."""
+    """A validated decode call, reduced to what the launcher needs: sizes, raw pointers and strides."""
 
-    __slots__ = ("q_nope", "q_pe", "q_arg", "kv_cache", "block_table", "seq_lens", "softmax_scale", "out", "lse",
-                 "batch", "q_len", "num_heads", "page_size", "dtype", "device")
+    __slots__ = ("batch", "q_len", "num_heads", "page_size", "dtype", "device_index", "qn_ptr", "qn_st", "qp_ptr",
+                 "qp_st", "kv_ptr", "kv_st", "bt_ptr", "bt_st", "max_pages", "sl_ptr", "scale", "out", "lse",
+                 "kv_cache", "block_table", "seq_lens")
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index)
+
+
+def _fill(c: _Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, dev: int) -> _Call:
+    c.batch, c.q_len, c.num_heads = q_nope.shape[0], q_nope.shape[1], q_nope.shape[2]
+    c.page_size, c.dtype, c.device_index = kv_cache.shape[1], q_nope.dtype, dev
+    c.qn_ptr, c.qn_st = q_nope.data_ptr(), q_nope.stride()
+    c.qp_ptr, c.qp_st = q_pe.data_ptr(), q_pe.stride()
+    c.kv_ptr, c.kv_st = kv_cache.data_ptr(), kv_cache.stride()
+    c.bt_ptr, c.bt_st, c.max_pages = block_table.data_ptr(), block_table.stride(0), block_table.shape[1]
+    c.sl_ptr, c.scale, c.out, c.lse = seq_lens.data_ptr(), float(softmax_scale), out, lse
+    c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
+    return c
+
+
+def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) -> _Call | None:
+    """The common, valid call checked with a few cheap attribute reads; None sends the call through
+    :func:`_validate`, which re-checks everything and raises the precise error (or accepts an unusual
+    but valid layout, e.g. an odd stride on a size-1 dimension)."""
+    try:
+        if type(q) is torch.Tensor:
+            qs, st, dtype = q.shape, q.stride(), q.dtype
+            if len(qs) != 4 or qs[3] != HEAD_DIM:
+                return None
+            q_nope = q_pe = q
+            qp_off = KV_LORA_RANK * 2
+            qp_st = st
+        else:
+            q_nope, q_pe = q
+            qs, st, dtype = q_nope.shape, q_nope.stride(), q_nope.dtype
+            ps, qp_st = q_pe.shape, q_pe.stride()
+            if len(qs) != 4 or qs[3] != KV_LORA_RANK or len(ps) != 4 or ps[3] != QK_ROPE_HEAD_DIM or ps[:3] != qs[:3] \
+                    or q_pe.dtype is not dtype or q_pe.get_device() != q_nope.get_device():
+                return None
+            qp_off = 0
+        batch, q_len, heads = qs[0], qs[1], qs[2]
+        dev = q_nope.get_device()
+        if dtype not in _DTYPES or dev < 0 or not 1 <= q_len <= MAX_Q_LEN or heads < 1 or batch < 1:
+            return None
+        ks, kst = kv_cache.shape, kv_cache.stride()
+        bs, bst = block_table.shape, block_table.stride()
+        if (len(ks) != 3 or ks[2] != HEAD_DIM or ks[0] < 1 or ks[1] < 1 or kv_cache.dtype is not dtype
+                or kv_cache.get_device() != dev or kst[2] != 1 or kst[0] % 8 or kst[1] % 8 or kst[0] < 0 or kst[1] < 0
+                or len(bs) != 2 or bs[0] != batch or bs[1] < 1 or bst[1] != 1 or bst[0] < 0
+                or block_table.dtype is not torch.int32 or block_table.get_device() != dev
+                or seq_lens.shape != (batch,) or seq_lens.dtype is not torch.int32 or seq_lens.get_device() != dev
+                or seq_lens.stride()[0] != 1
+                or st[3] != 1 or qp_st[3] != 1 or min(st[:3]) < 0 or min(qp_st[:3]) < 0
+                or (st[0] | st[1] | st[2] | qp_st[0] | qp_st[1] | qp_st[2]) % 8):
+            return None
+        if type(softmax_scale) is not float or not 0.0 < softmax_scale < math.inf:
+            return None
+        if out is not None and (out.shape != (batch, q_len, heads, KV_LORA_RANK) or out.dtype is not dtype
+                                or out.get_device() != dev or out.stride()[3] != 1
+                                or (out.stride()[0] | out.stride()[1] | out.stride()[2]) % 4 or min(out.stride()) < 0):
+            return None
+        if lse is not None and (lse.shape != (batch, heads, q_len) or lse.dtype is not torch.float32
+                                or lse.get_device() != dev):
+            return None
+        c = _Call()
+        c.qn_ptr = q_nope.data_ptr()
+        c.qp_ptr = c.qn_ptr + qp_off if qp_off else q_pe.data_ptr()
+        c.kv_ptr = kv_cache.data_ptr()
+        if (c.qn_ptr | c.qp_ptr | c.kv_ptr) % 16 or (out is not None and out.data_ptr() % 8):
+            return None
+        c.batch, c.q_len, c.num_heads, c.page_size, c.dtype, c.device_index = batch, q_len, heads, ks[1], dtype, dev
+        c.qn_st, c.qp_st, c.kv_st = st, qp_st, kst
+        c.bt_ptr, c.bt_st, c.max_pages = block_table.data_ptr(), bst[0], bs[1]
+        c.sl_ptr, c.scale, c.out, c.lse = seq_lens.data_ptr(), softmax_scale, out, lse
+        c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
+        return c
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
 
 
 def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse) -> _Call:
     """Check every argument (raising MLAInputError naming it) and return the call; out/lse may stay None."""
-    c = _Call()
+    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
+                                      or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
+        num_kv_splits_bad = True
+    else:
+        num_kv_splits_bad = False
+    fast = _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
+    if fast is not None and not num_kv_splits_bad:
+        return fast
     # -- q ---------------------------------------------------------------------------------------
     if isinstance(q, (tuple, list)):
         if len(q) != 2:
@@ -118,13 +202,13 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
             _fail("q_pe", f"last dimension {QK_ROPE_HEAD_DIM} (qk_rope_head_dim)", f"shape {tuple(q_pe.shape)}")
         if q_pe.shape[:3] != q_nope.shape[:3]:
             _fail("q_pe", f"leading shape {tuple(q_nope.shape[:3])} (as q_nope)", f"{tuple(q_pe.shape[:3])}")
-        c.q_arg = ("q_nope", "q_pe")
+        q_arg = ("q_nope", "q_pe")
     else:
         _check_tensor("q", q, 4, tuple(_DTYPES))
         if q.shape[-1] != HEAD_DIM:
             _fail("q", f"last dimension {HEAD_DIM} (kv_lora_rank 512 + qk_rope_head_dim 64)", f"shape {tuple(q.shape)}")
         q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
-        c.q_arg = ("q", "q")
+        q_arg = ("q", "q")
     batch, q_len, num_heads, _ = q_nope.shape
     dtype, device = q_nope.dtype, q_nope.device
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -160,54 +244,45 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
         _check_tensor("lse", lse, 3, torch.float32, device)
         if tuple(lse.shape) != (batch, num_heads, q_len):
             _fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
-    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
-                                      or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
+    if num_kv_splits_bad:
         _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
     if device.type != "cuda":
         _fail("q", "a CUDA tensor", f"a tensor on {device}")
     if batch:
-        _check_layout(c.q_arg[0], q_nope, 8)
-        _check_layout(c.q_arg[1], q_pe, 8)
+        _check_layout(q_arg[0], q_nope, 8)
+        _check_layout(q_arg[1], q_pe, 8)
         _check_layout("kv_cache", kv_cache, 8)
-    c.q_nope, c.q_pe, c.kv_cache, c.block_table, c.seq_lens = q_nope, q_pe, kv_cache, block_table, seq_lens
-    c.softmax_scale, c.out, c.lse = float(softmax_scale), out, lse
-    c.batch, c.q_len, c.num_heads, c.page_size, c.dtype, c.device = batch, q_len, num_heads, page_size, dtype, device
-    return c
+    return _fill(_Call(), q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, device.index)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _current_stream(device: torch.device) -> int:
+def _current_stream(device_index: int) -> int:
     if _raw_stream is not None:
-        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int) -> None:
-    """Fill one MlaDecodeArgs per launch (head group) and call the compiled launchers on the current stream."""
+    """Pack one MlaDecodeArgs per launch (head group) and call the compiled launchers on the current stream."""
     lib = _binding.library()
-    qn, qp, o, ls = c.q_nope, c.q_pe, c.out, c.lse
-    qn_s, qp_s, o_s, l_s = qn.stride(), qp.stride(), o.stride(), ls.stride()
-    esize = qn.element_size()
-    kv_s = c.kv_cache.stride()
-    ws_ptr = workspace.data_ptr() if workspace_bytes else None
-    stream = _current_stream(c.device)
+    o, ls = c.out, c.lse
+    o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
+    qn_st, qp_st = c.qn_st, c.qp_st
+    ws_ptr = workspace.data_ptr() if workspace_bytes else 0
+    stream = _current_stream(c.device_index)
     for l in launches:
         hs = l.head_start
-        args = _binding.MlaDecodeArgs(
-            _binding.ABI_VERSION, c.batch, c.q_len, l.num_heads, c.block_table.shape[1], num_kv_splits,
-            qn.data_ptr() + hs * qn_s[2] * esize, qn_s[0], qn_s[1], qn_s[2],
-            qp.data_ptr() + hs * qp_s[2] * esize, qp_s[0], qp_s[1], qp_s[2],
-            c.kv_cache.data_ptr(), kv_s[0], kv_s[1],
-            c.block_table.data_ptr(), c.block_table.stride(0), c.seq_lens.data_ptr(),
-            c.softmax_scale,
-            o.data_ptr() + hs * o_s[2] * esize, o_s[0], o_s[1], o_s[2],
-            ls.data_ptr() + hs * l_s[1] * 4, l_s[0], l_s[1], l_s[2],
-            ws_ptr, workspace_bytes,
-            stream,
-        )
-        lib.launch(l.symbol, args)
+        packed = _binding.pack_args(
+            c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits,
+            c.qn_ptr + hs * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
+            c.qp_ptr + hs * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
+            c.kv_ptr, c.kv_st[0], c.kv_st[1], c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
+            o_ptr + hs * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
+            l_ptr + hs * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
+            ws_ptr, workspace_bytes, stream)
+        lib.launch(l.symbol, packed)
 
 
 def _check_workspace(workspace, need: int, device, what: str) -> None:
@@ -260,8 +335,8 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     if c.batch == 0:
         return c.out, c.lse
     if num_kv_splits is None:
-        bound = max_seq_len if max_seq_len is not None else block_table.shape[1] * c.page_size
-        num_kv_splits = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device.index or 0))
+        bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
+        num_kv_splits = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
     if debug:
         _debug_check(kv_cache, block_table, seq_lens, c.page_size)
     launches = _plan(_binding.library(), c.num_heads, c.page_size, _DTYPES[c.dtype], num_kv_splits > 1)

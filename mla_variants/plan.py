@@ -74,7 +74,7 @@ class MLADecodePlan:
                   f"num_heads={c.num_heads}, page_size={c.page_size}, q_len={c.q_len}, dtype={c.dtype}")
         if c.batch > self.max_batch:
             _fail("q", f"batch <= the plan's max_batch={self.max_batch}", c.batch)
-        if c.device != self.device:
+        if c.device_index != self.device.index:
             _fail("q", f"a tensor on the plan's device {self.device}", c.device)
         if c.batch:
             _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)

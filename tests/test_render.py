@@ -55,8 +55,15 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
     res = render(cfg, [v1, v2], g, tmp_path / "lib.so")
     assert (g / "variants" / f"{v1.name}.cu").stat().st_mtime_ns == before
     assert g / "variants" / f"{v2.name}.cu" in res.written
-    res = render(cfg, [v2], g, tmp_path / "lib.so")
-    assert res.removed == [g / "variants" / f"{v1.name}.cu"]
+    res = render(cfg, [v2], g, tmp_path / "lib.so")  # a narrower selection keeps v1's source untouched
+    assert res.removed == [] and (g / "variants" / f"{v1.name}.cu").stat().st_mtime_ns == before
+    assert f"{v1.name}.cu" not in (g / "sources.cmake").read_text()
+    gone = Variant(16, 64, "bf16", True)  # a variant the yaml no longer has is removed
+    from codegen.config import parse_config
+    narrowed = parse_config(cfg.text.replace("num_heads: [8, 16, 32, 64, 128]", "num_heads: [8, 32, 64, 128]")
+                            .replace("    num_heads: [16]\n", "    num_heads: [32]\n"), "v.yaml")
+    res = render(narrowed, [v2], g, tmp_path / "lib.so")
+    assert res.removed == [g / "variants" / f"{gone.name}.cu"]
 
 
 def test_manifest_and_dispatch_table_agree(tmp_path):

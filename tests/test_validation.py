@@ -67,3 +67,15 @@ def test_kv_cache_on_another_device_is_named():
 ])
 def test_output_and_split_errors(over, words):
     assert words in _err(**over)
+
+
+def test_packed_args_match_the_c_struct_layout():
+    import ctypes
+
+    from mla_variants import _binding
+    fields = [n for n, _ in _binding.MlaDecodeArgs._fields_][1:]
+    values = list(range(1, len(fields) + 1))
+    values[fields.index("softmax_scale")] = 0.5
+    ref = _binding.MlaDecodeArgs(_binding.ABI_VERSION, *values)
+    assert _binding.pack_args(*values) == bytes(ref)
+    assert len(_binding.pack_args(*values)) == ctypes.sizeof(_binding.MlaDecodeArgs)
