@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
 from .config import ConfigError, load_config
-from .render import ROOT, render
+from .render import ROOT, render, write_dispatch
 from .variant import Variant
 
 
@@ -31,7 +31,7 @@ def select(variants: list[Variant], patterns: list[str] | None) -> list[Variant]
 
 def _selected(args) -> list[Variant]:
     config = load_config(args.config)
-    if args.preset:
+    if args.preset is not None:
         if args.preset not in config.presets:
             raise ConfigError(config.path, None, f"unknown preset {args.preset!r}; presets: {', '.join(config.presets)}")
         base = config.presets[args.preset].variants()
@@ -91,12 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(args)
         config, chosen = _selected(args)
         gen, bdir = Path(args.generated_dir), Path(args.build_dir)
-        res = render(config, chosen, gen, bdir / LIBRARY_NAME)
+        # the dispatch table is written only after the library links, so a failed build leaves the
+        # previous table and library consistent
+        res = render(config, chosen, gen, bdir / LIBRARY_NAME, dispatch=args.cmd == "generate")
         echo_flush(f"rendered {len(chosen)} variants into {gen} ({len(res.written)} files written, "
                    f"{len(res.removed)} stale removed)")
         if args.cmd == "generate":
             return 0
         s = build(gen, bdir, chosen, args.jobs, echo=echo_flush)
+        write_dispatch(res)
         regs = [r.get("registers") for r in s.usage.values() if r.get("registers")]
         echo_flush(f"built {s.variants} variants ({s.compiled} translation units compiled) in {s.seconds:.1f} s; "
                    f"library {s.library} ({s.library_bytes / 2**20:.1f} MiB)"
@@ -104,4 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ConfigError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.strerror or e}: {e.filename or ''}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as e:
+        print(f"error: a build record is corrupt ({e}); delete it or rebuild", file=sys.stderr)
         return 2

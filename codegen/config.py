@@ -14,6 +14,7 @@ axes is an impossible combination.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,9 @@ SUPPORTED_ARCHS = ("sm_90a",)
 FIXED_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
 MAX_NUM_HEADS = 128  # rows beyond this are served by launching head groups
 MAX_PAGE_SIZE = 1024
+
+
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("int", "bool", "str", "null", "float")}
 
 
 class ConfigError(ValueError):
@@ -98,18 +102,29 @@ class _Reader:
         return out
 
     def scalar(self, node: yaml.Node, what: str, kind: type):
-        value = yaml.safe_load(yaml.serialize(node)) if isinstance(node, yaml.ScalarNode) else None
-        if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
-            self.fail(node, f"{what}: expected an integer, got {node.value if isinstance(node, yaml.ScalarNode) else node.tag!r}")
-        if kind is bool and not isinstance(value, bool):
-            self.fail(node, f"{what}: expected true or false, got {node.value if isinstance(node, yaml.ScalarNode) else node.tag!r}")
-        if kind is str and not isinstance(value, str):
-            self.fail(node, f"{what}: expected a string, got {value!r}")
-        return value
+        """A plain scalar of the given kind. Only the obvious spellings count: decimal digits for an
+        integer (no YAML 1.1 octal, hex, sexagesimal or underscores), true/false for a bool, a
+        non-empty string; explicit tags are refused."""
+        text = node.value if isinstance(node, yaml.ScalarNode) else None
+        shown = repr(text) if text is not None else f"a {type(node).__name__.replace('Node', '').lower()}"
+        explicit_tag = isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_TAGS
+        if kind is int:
+            if text is None or explicit_tag or node.style is not None or not re.fullmatch(r"0|[1-9][0-9]*", text):
+                self.fail(node, f"{what}: expected an integer, got {shown}")
+            return int(text)
+        if kind is bool:
+            if text is None or explicit_tag or node.style is not None or text not in ("true", "false", "True", "False"):
+                self.fail(node, f"{what}: expected true or false, got {shown}")
+            return text.lower() == "true"
+        if text is None or explicit_tag or (node.style is None and node.tag != "tag:yaml.org,2002:str") or not text.strip():
+            self.fail(node, f"{what}: expected a non-empty string, got {shown}")
+        return text
 
     def axis_values(self, axis: str, node: yaml.Node, what: str) -> tuple:
-        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        if isinstance(node, yaml.SequenceNode) and not items:
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(node, f"{what}: expected a list such as [{'16, 64' if axis in ('num_heads', 'page_size') else 'bf16' if axis == 'dtype' else 'false, true'}], got {node.value if isinstance(node, yaml.ScalarNode) else 'a mapping'!r}")
+        items = node.value
+        if not items:
             self.fail(node, f"{what}: expected at least one value")
         values = []
         for item in items:
@@ -146,7 +161,10 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
         root = yaml.compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise ConfigError(path, mark.line + 1 if mark else None, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+        line = mark.line + 1 if mark else None
+        if line is None and isinstance(getattr(e, "position", None), int):  # reader errors carry a position
+            line = text.count("\n", 0, e.position) + 1
+        raise ConfigError(path, line, f"not valid YAML: {getattr(e, 'problem', None) or getattr(e, 'reason', e)}") from None
     if root is None:
         raise ConfigError(path, None, "the file is empty; expected keys dims, arch, axes")
     top = r.mapping(root, "top level", ("dims", "arch", "axes", "presets"), ("dims", "arch", "axes"))
@@ -176,6 +194,8 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
             r.fail(pnode, "presets: expected a mapping of preset name -> selection")
         for k, v in pnode.value:
             name = r.scalar(k, "presets", str)
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                r.fail(k, f"presets: preset names are letters, digits, '.', '_' and '-', got {name!r}")
             if name in presets:
                 r.fail(k, f"presets: preset {name!r} is defined twice")
             fields = r.mapping(v, f"presets.{name}", ("description",) + AXES, ("description",), k)
@@ -184,7 +204,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                 if axis not in fields:
                     continue
                 vals = r.axis_values(axis, fields[axis][1], f"presets.{name}.{axis}")
-                for val, item in zip(vals, fields[axis][1].value if isinstance(fields[axis][1], yaml.SequenceNode) else [fields[axis][1]]):
+                for val, item in zip(vals, fields[axis][1].value):
                     if val not in axes[axis]:
                         r.fail(item, f"presets.{name}.{axis}: impossible combination: {val!r} is not in axes.{axis} "
                                      f"{list(axes[axis])} (line {axis_lines[axis]}); add it there first")

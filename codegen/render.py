@@ -56,6 +56,8 @@ class RenderResult:
     written: list[Path]
     removed: list[Path]
     manifest: dict
+    dispatch_path: Path
+    dispatch_text: str
 
 
 def _env() -> jinja2.Environment:
@@ -67,9 +69,11 @@ def _env() -> jinja2.Environment:
     )
 
 
-def render(config: Config, variants: list[Variant], generated_dir: Path, library_path: Path) -> RenderResult:
+def render(config: Config, variants: list[Variant], generated_dir: Path, library_path: Path,
+           dispatch: bool = True) -> RenderResult:
     """Render `variants` into `generated_dir`; `library_path` is where the build puts the library
-    (recorded relative to `generated_dir` in the dispatch table)."""
+    (recorded relative to `generated_dir` in the dispatch table). With dispatch=False the dispatch
+    table is held in the result for :func:`write_dispatch` once the library is built."""
     generated_dir = Path(generated_dir)
     variants = sorted(set(variants), key=lambda v: v.name)
     env = _env()
@@ -96,7 +100,7 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
     known = {v.name for v in config.variants()} | {v.name for p in config.presets.values() for v in p.variants()}
     removed = []
     for stale in sorted((generated_dir / "variants").glob("*.cu")):
-        if stale not in sources and stale.stem not in known:
+        if stale not in sources and stale.stem not in known and stale.read_text().startswith("// generated, do not edit"):
             stale.unlink()
             removed.append(stale)
 
@@ -106,9 +110,10 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
 
     emit(generated_dir / "sources.cmake",
          env.get_template("sources.cmake.j2").render(inputs_hash=whole, variants=variants))
-    emit(generated_dir / "dispatch.py",
-         env.get_template("dispatch.py.j2").render(inputs_hash=whole, variants=variants, library=lib_rel,
-                                                   arch=config.arch))
+    dispatch_text = env.get_template("dispatch.py.j2").render(inputs_hash=whole, variants=variants, library=lib_rel,
+                                                              arch=config.arch)
+    if dispatch:
+        emit(generated_dir / "dispatch.py", dispatch_text)
     manifest = {
         "generated": "do not edit",
         "inputs_hash": whole,
@@ -122,4 +127,9 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
         ],
     }
     emit(generated_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return RenderResult(variants, written, removed, manifest)
+    return RenderResult(variants, written, removed, manifest, generated_dir / "dispatch.py", dispatch_text)
+
+
+def write_dispatch(result: RenderResult) -> bool:
+    """Write the dispatch table that :func:`render` prepared (after a successful build)."""
+    return write_if_changed(result.dispatch_path, result.dispatch_text)

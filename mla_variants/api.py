@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 
 from . import _binding
-from .dispatch import plan_launches
+from .dispatch import VariantNotCompiledError, plan_launches
 
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
@@ -28,6 +28,7 @@ BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
 BLOCK_M = 64  # query rows per CTA
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
 
 
 class MLAInputError(ValueError):
@@ -74,6 +75,8 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
 def _check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:
     if not isinstance(t, torch.Tensor):
         _fail(arg, "a torch.Tensor", type(t).__name__)
+    if t.layout is not torch.strided or t.is_nested:
+        _fail(arg, "a dense (strided) tensor", f"layout {t.layout}{' (nested)' if t.is_nested else ''}")
     if t.dim() != dims:
         _fail(arg, f"a {dims}-d tensor", f"shape {tuple(t.shape)}")
     if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
@@ -90,9 +93,20 @@ def _check_layout(arg: str, t: torch.Tensor, align_elems: int) -> None:
         _fail(arg, "a contiguous last dimension (stride 1)", f"strides {tuple(stride)}")
     bad = [s for s, n in zip(stride[:-1], t.shape[:-1]) if n > 1 and (s % align_elems or s < 0)]
     if bad or t.data_ptr() % (align_elems * t.element_size()):
-        _fail(arg, f"non-negative strides that are multiples of {align_elems} elements and a "
-                   f"{align_elems * t.element_size()}-byte aligned start",
-              f"strides {tuple(stride)}, data_ptr % 16 = {t.data_ptr() % 16}")
+        align = align_elems * t.element_size()
+        _fail(arg, f"non-negative strides that are multiples of {align_elems} elements and a {align}-byte aligned start",
+              f"strides {tuple(stride)}, data_ptr % {align} = {t.data_ptr() % align}")
+
+
+def _check_no_overlap(arg: str, t: torch.Tensor) -> None:
+    """Every element of an output must be its own memory (no stride-0 or overlapping dimensions)."""
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            _fail(arg, "a tensor whose elements do not overlap (no expanded or overlapping dimensions)",
+                  f"shape {tuple(t.shape)}, strides {tuple(t.stride())}")
+        span = st * (n - 1) + span
 
 
 class _Call:
@@ -154,15 +168,19 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) 
                 or st[3] != 1 or qp_st[3] != 1 or min(st[:3]) < 0 or min(qp_st[:3]) < 0
                 or (st[0] | st[1] | st[2] | qp_st[0] | qp_st[1] | qp_st[2]) % 8):
             return None
-        if type(softmax_scale) is not float or not 0.0 < softmax_scale < math.inf:
+        if type(softmax_scale) is not float or not 0.0 < softmax_scale <= _MAX_SCALE:
             return None
         if out is not None and (out.shape != (batch, q_len, heads, KV_LORA_RANK) or out.dtype is not dtype
                                 or out.get_device() != dev or out.stride()[3] != 1
                                 or (out.stride()[0] | out.stride()[1] | out.stride()[2]) % 4 or min(out.stride()) < 0):
             return None
         if lse is not None and (lse.shape != (batch, heads, q_len) or lse.dtype is not torch.float32
-                                or lse.get_device() != dev):
+                                or lse.get_device() != dev or not lse.is_contiguous()):
             return None
+        if out is not None:
+            o_st = out.stride()
+            if not (o_st[2] >= KV_LORA_RANK and o_st[1] >= heads * o_st[2] and o_st[0] >= q_len * o_st[1]):
+                return None
         c = _Call()
         c.qn_ptr = q_nope.data_ptr()
         c.qp_ptr = c.qn_ptr + qp_off if qp_off else q_pe.data_ptr()
@@ -231,8 +249,13 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
     _check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
     if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
         _fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        _fail("softmax_scale", "a finite positive float", repr(softmax_scale))
+    try:
+        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) <= _MAX_SCALE
+    except (TypeError, ValueError, OverflowError):
+        scale_ok = False
+    if not scale_ok or not isinstance(softmax_scale, (int, float)):
+        _fail("softmax_scale", f"a finite positive float (at most {_MAX_SCALE:g}, so that scale * log2(e) fits fp32)",
+              repr(softmax_scale))
 
     # -- outputs -------------------------------------------------------------------------------
     if out is not None:
@@ -240,10 +263,14 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
         if tuple(out.shape) != (batch, q_len, num_heads, KV_LORA_RANK):
             _fail("out", f"shape {(batch, q_len, num_heads, KV_LORA_RANK)}", f"shape {tuple(out.shape)}")
         _check_layout("out", out, 4)
+        _check_no_overlap("out", out)
     if lse is not None:
         _check_tensor("lse", lse, 3, torch.float32, device)
         if tuple(lse.shape) != (batch, num_heads, q_len):
             _fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
+        if min(lse.stride(), default=0) < 0:
+            _fail("lse", "non-negative strides", f"strides {tuple(lse.stride())}")
+        _check_no_overlap("lse", lse)
     if num_kv_splits_bad:
         _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
     if device.type != "cuda":
@@ -272,6 +299,9 @@ def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | No
     qn_st, qp_st = c.qn_st, c.qp_st
     ws_ptr = workspace.data_ptr() if workspace_bytes else 0
     stream = _current_stream(c.device_index)
+    if c.device_index != torch.cuda.current_device():  # launch on the tensors' device, not the current one
+        with torch.cuda.device(c.device_index):
+            return _launch(c, launches, num_kv_splits, workspace, workspace_bytes)
     for l in launches:
         hs = l.head_start
         packed = _binding.pack_args(
@@ -334,12 +364,12 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         c.lse = torch.empty((c.batch, c.num_heads, c.q_len), dtype=torch.float32, device=c.device)
     if c.batch == 0:
         return c.out, c.lse
-    if num_kv_splits is None:
-        bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
-        num_kv_splits = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
+        _fail("max_seq_len", "a positive int (an upper bound of seq_lens)", repr(max_seq_len))
+    lib = _binding.library()
+    launches, num_kv_splits = _choose(lib, c, num_kv_splits, max_seq_len)
     if debug:
         _debug_check(kv_cache, block_table, seq_lens, c.page_size)
-    launches = _plan(_binding.library(), c.num_heads, c.page_size, _DTYPES[c.dtype], num_kv_splits > 1)
     need = workspace_size(c.batch, max(l.num_heads for l in launches), c.q_len, num_kv_splits)
     if need:
         if workspace is None:
@@ -349,6 +379,22 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
                              f"workspace_size(batch={c.batch}, num_heads, q_len={c.q_len}, num_kv_splits={num_kv_splits})")
     _launch(c, launches, num_kv_splits, workspace, need)
     return c.out, c.lse
+
+
+def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
+    """(launches, num_kv_splits): a forced split count must be served as asked; the heuristic's choice
+    falls back to one split when the build has no split variant for this (page_size, dtype)."""
+    dtype = _DTYPES[c.dtype]
+    if num_kv_splits is not None:
+        return _plan(lib, c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
+    bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
+    n = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
+    if n > 1:
+        try:
+            return _plan(lib, c.num_heads, c.page_size, dtype, True), n
+        except VariantNotCompiledError:
+            pass
+    return _plan(lib, c.num_heads, c.page_size, dtype, False), 1
 
 
 def _plan(lib, num_heads: int, page_size: int, dtype: str, split: bool):

@@ -48,11 +48,12 @@ def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
 
 def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> list[Launch]:
     """The launches that serve a call with `num_heads` heads; raises VariantNotCompiledError."""
-    if num_heads < 1:
-        raise ValueError(f"num_heads: expected >= 1, got {num_heads}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
     splits_ok = (True,) if split else (False, True)
     for want_split in splits_ok:
-        heads = sorted(k[0] for k in table if k[1] == page_size and k[2] == dtype and k[3] == want_split)
+        heads = sorted(k[0] for k in table if k[1] == page_size and k[2] == dtype and k[3] == want_split
+                       and isinstance(k[0], int) and k[0] >= 1)
         if not heads:
             continue
         launches, start = [], 0

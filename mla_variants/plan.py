@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import _binding
-from .api import (_DTYPES, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, _check_workspace, _fail, _launch, _plan,
-                  _sm_count, _validate, default_num_kv_splits, workspace_size)
+from .api import (_DTYPES, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _fail, _launch, _validate,
+                  workspace_size)
 
 
 class MLADecodePlan:
@@ -46,13 +46,14 @@ class MLADecodePlan:
             _fail("device", "a CUDA device", self.device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        if num_kv_splits is None:
-            num_kv_splits = default_num_kv_splits(max_batch, num_heads, q_len, max_seq_len, _sm_count(self.device.index))
-        elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
+                                          or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
             _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
         self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
-        self.num_kv_splits = num_kv_splits
-        self.launches = _plan(_binding.library(), num_heads, page_size, _DTYPES[dtype], num_kv_splits > 1)
+        shape = _Call()
+        shape.batch, shape.num_heads, shape.q_len, shape.page_size, shape.dtype = max_batch, num_heads, q_len, page_size, dtype
+        shape.device_index, shape.max_pages = self.device.index, -(-max_seq_len // page_size)
+        self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, num_kv_splits)
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)

@@ -22,11 +22,16 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     out = torch.zeros(batch, q_len, num_heads, KV_LORA_RANK, dtype=dtype, device=q.device)
     lse = torch.full((batch, num_heads, q_len), float("-inf"), dtype=dtype, device=q.device)
     lens = seq_lens.tolist()
+    num_pages, capacity = kv_cache.shape[0], block_table.shape[1] * page_size
     for b in range(batch):
         n = int(lens[b])
-        if n <= 0:
+        if n < 0 or n > capacity:
+            raise ValueError(f"seq_lens[{b}]: expected 0..{capacity} (max_pages_per_seq * page_size), got {n}")
+        if n == 0:
             continue
         pages = block_table[b, : (n + page_size - 1) // page_size].long()
+        if int(pages.min()) < 0 or int(pages.max()) >= num_pages:
+            raise ValueError(f"block_table[{b}]: expected page ids in [0, {num_pages}), got {pages.tolist()}")
         kv = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[:n].to(dtype)      # [n, 576]
         s = torch.einsum("qhd,nd->qhn", q[b].to(dtype), kv) * softmax_scale     # [q_len, heads, n]
         visible = n - (q_len - 1 - torch.arange(q_len, device=q.device))         # keys each query sees

@@ -29,6 +29,9 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
                     max_pages: int | None = None) -> PagedCase:
     """Build a random case. Pages are a random permutation of the pool (plus `extra_pages` unused ones);
     with `poison`, unused slots are NaN and unused table entries junk."""
+    if page_size < 1 or num_heads < 1 or q_len < 1 or any(n < 0 for n in seq_lens):
+        raise ValueError(f"make_paged_case: expected page_size, num_heads, q_len >= 1 and seq_lens >= 0, got "
+                         f"page_size={page_size}, num_heads={num_heads}, q_len={q_len}, seq_lens={seq_lens}")
     g = generator
     batch = len(seq_lens)
     pages_per = [(n + page_size - 1) // page_size for n in seq_lens]
@@ -58,12 +61,17 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
 
 def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
             atol: float = 1e-3, rtol: float = 1.6e-2, cos_tol: float = 1e-5, lse_atol: float = 1e-4,
-            lse_rtol: float = 1e-4, elementwise: bool = True) -> list[str]:
+            lse_rtol: float = 1e-4, elementwise: bool = True, rel_l2_tol: float = 1e-2) -> list[str]:
     """Problems found comparing a result with the fp32 reference (empty list = pass).
 
-    out: every element within atol or rtol (when `elementwise`), and 1 - cos(out, ref) < cos_tol;
+    out: every element within atol or rtol (when `elementwise`), 1 - cos(out, ref) < cos_tol, and
+    ||out - ref|| / ||ref|| < rel_l2_tol (catches a wrong scale, which cosine cannot);
     lse: |lse - ref| <= lse_atol + lse_rtol * |ref|, with -inf exactly where the reference has it."""
     problems = []
+    if out.shape != ref_out.shape or lse.shape != ref_lse.shape:
+        return [f"shapes differ: out {tuple(out.shape)} vs {tuple(ref_out.shape)}, lse {tuple(lse.shape)} vs {tuple(ref_lse.shape)}"]
+    if out.numel() == 0:
+        return problems
     o, r = out.float(), ref_out.float()
     if not torch.isfinite(o).all():
         problems.append(f"out has {(~torch.isfinite(o)).sum().item()} non-finite values")
@@ -78,6 +86,9 @@ def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse
         cos_diff = 1 - (o * r).sum().item() / denom.item()
         if cos_diff >= cos_tol:
             problems.append(f"out: cosine difference {cos_diff:.3e} >= {cos_tol}")
+        rel = ((o - r).norm() / r.norm()).item()
+        if rel >= rel_l2_tol:
+            problems.append(f"out: relative L2 error {rel:.3e} >= {rel_l2_tol}")
     elif o.abs().max() > 0:
         problems.append("out: nonzero where the reference is all zero")
     l, rl = lse.float(), ref_lse.float()

@@ -68,9 +68,35 @@ def test_errors_name_the_line(old, new, line, words):
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("old,new,words", [
+    ("arch: sm_90a", "arch:", "arch: expected a non-empty string, got ''"),
+    ("arch: sm_90a", "arch: !!python/name:os.system", "arch: expected a non-empty string"),
+    ("  num_heads: [16, 128]", "  num_heads: [!!int 16.5]", "expected an integer, got '16.5'"),
+    ("  num_heads: [16, 128]", "  num_heads: [017]", "expected an integer, got '017'"),
+    ("  num_heads: [16, 128]", "  num_heads: [0x10]", "expected an integer, got '0x10'"),
+    ("  num_heads: [16, 128]", "  num_heads: [2:08]", "expected an integer, got '2:08'"),
+    ("  num_heads: [16, 128]", "  num_heads: ['16']", "expected an integer, got '16'"),
+    ("  num_heads: [16, 128]", "  num_heads: [16.0]", "expected an integer, got '16.0'"),
+    ("  num_heads: [16, 128]", "  num_heads: [true]", "expected an integer, got 'true'"),
+    ("  num_heads: [16, 128]", "  num_heads: 16", "expected a list such as [16, 64], got '16'"),
+    ("  num_heads: [16, 128]", "  num_heads:", "expected a list"),
+    ("  split: [false, true]", "  split: [!!bool 1]", "expected true or false, got '1'"),
+    ("    description: one head count", "    description:", "expected a non-empty string"),
+    ("  small:", "  'a b':", "preset names are letters, digits"),
+])
+def test_odd_yaml_is_a_config_error(old, new, words):
+    text = GOOD.replace(old, new, 1)
+    assert text != GOOD
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "v.yaml")
+    assert words in str(e.value) and e.value.line is not None, str(e.value)
+
+
 def test_invalid_yaml_and_empty_and_missing_file(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"v.yaml:3: not valid YAML"):
         parse_config("dims:\n  a: [1\n  b: 2\n", "v.yaml")
+    with pytest.raises(ConfigError, match=r"v.yaml:2: not valid YAML"):
+        parse_config("dims:\n  a: \x07\n", "v.yaml")
     with pytest.raises(ConfigError, match="empty"):
         parse_config("", "v.yaml")
     with pytest.raises(ConfigError, match="cannot read"):

@@ -57,11 +57,25 @@ def test_compare_catches_wrong_answers():
     out, lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
     assert compare(out, lse, out, lse) == []
     assert compare(out * 1.1, lse, out, lse)
+    long = make_paged_case([16384], 1, 64, 1, torch.float32, device="cpu", generator=g)
+    lo, ll = mla_decode_reference(long.q, long.kv_cache, long.block_table, long.seq_lens, long.softmax_scale)
+    assert any("relative L2" in p for p in compare(lo * 0.9, ll, lo, ll))  # cosine and atol alone miss a scale
+    assert compare(out[:1], lse[:1], out, lse)  # shape mismatch
     assert compare(out, lse + 1e-2, out, lse)
     bad = out.clone(); bad[0, 0, 0, 0] = float("nan")
     assert compare(bad, lse, out, lse)
     bad_lse = lse.clone(); bad_lse[1] = 0.0
     assert compare(out, bad_lse, out, lse)
+
+
+def test_reference_rejects_what_it_cannot_read():
+    case = make_paged_case([20], 1, 16, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]: expected 0..32"):
+        mla_decode_reference(case.q, case.kv_cache, case.block_table, torch.tensor([33], dtype=torch.int32), 0.1)
+    table = case.block_table.clone()
+    table[0, 0] = -1
+    with pytest.raises(ValueError, match=r"block_table\[0\]: expected page ids"):
+        mla_decode_reference(case.q, case.kv_cache, table, case.seq_lens, 0.1)
 
 
 def test_poisoning_covers_unused_slots():

@@ -41,8 +41,10 @@ def _err(**over):
     (dict(block_table=torch.zeros(4, 2, dtype=torch.int32).t()), "block_table: expected a contiguous last dimension"),
     (dict(seq_lens=torch.zeros(3, dtype=torch.int32)), "seq_lens: expected a contiguous tensor of shape [batch=2]"),
     (dict(seq_lens=torch.zeros(2)), "seq_lens: expected dtype torch.int32, got torch.float32"),
-    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive float, got 0.0"),
-    (dict(softmax_scale=float("nan")), "softmax_scale: expected a finite positive float, got nan"),
+    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive float (at most 1e+30"),
+    (dict(softmax_scale=float("nan")), "so that scale * log2(e) fits fp32), got nan"),
+    (dict(softmax_scale=1e39), "got 1e+39"),
+    (dict(softmax_scale=10**400), "softmax_scale: expected a finite positive float"),
     (dict(softmax_scale=torch.tensor(0.1)), "softmax_scale: expected a finite positive float"),
     (dict(), "q: expected a CUDA tensor, got a tensor on cpu"),
 ])
@@ -64,6 +66,12 @@ def test_kv_cache_on_another_device_is_named():
     (dict(num_kv_splits=0), "num_kv_splits: expected an int from 1 to 256, got 0"),
     (dict(num_kv_splits=257), "num_kv_splits: expected an int from 1 to 256, got 257"),
     (dict(num_kv_splits=2.0), "num_kv_splits: expected an int from 1 to 256, got 2.0"),
+    (dict(out=torch.empty(2, 1, 1, 512, dtype=torch.bfloat16).expand(2, 1, 16, 512)),
+     "out: expected a tensor whose elements do not overlap"),
+    (dict(out=torch.empty(2 * 1152, dtype=torch.bfloat16).as_strided((2, 1, 16, 512), (1152, 1152, 4, 1))),
+     "out: expected a tensor whose elements do not overlap"),
+    (dict(lse=torch.empty(2, 1, 1).expand(2, 16, 1)), "lse: expected a tensor whose elements do not overlap"),
+    (dict(q=torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16).to_sparse()), "q: expected a dense (strided) tensor"),
 ])
 def test_output_and_split_errors(over, words):
     assert words in _err(**over)

@@ -20,8 +20,6 @@ constexpr int kThreadsPerRow = 8;     // threads that copy one 1152-byte token r
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-// Running max starts finite so that exp2(masked - max) is exp2(-inf) = 0 and never inf - inf.
-constexpr float kRunningMaxInit = -1.0e30f;
 
 static_assert(kHeadDimK % 64 == 0, "576 must tile into 64-column swizzle atoms");
 static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of S");

@@ -4,9 +4,9 @@
 // Math (FlashAttention-2 online softmax, Dao 2023, with the MLA latent cache of DeepSeek-V2,
 // arXiv:2405.04434): for query row i, s_ij = softmax_scale * <q_i, k_j> over the 576 values,
 // p_ij = exp(s_ij - m_i), o_i = sum_j p_ij v_j / sum_j p_ij, lse_i = m_i + log(sum_j p_ij).
-// Scores live in the exp2 domain (scale folded with log2 e); the running max starts finite, masked
-// scores are -inf, so no inf - inf can appear; KV rows past the split are zero in shared memory, so a
-// NaN in an unused cache slot never meets a zero probability.
+// Scores live in the exp2 domain (scale folded with log2 e); masked scores are -inf and a row whose
+// max is still -inf subtracts 0, so no inf - inf can appear; KV rows past the split are zero in shared
+// memory, so a NaN in an unused cache slot never meets a zero probability.
 //
 // Structure per CTA (256 threads = 2 warpgroups, both compute):
 //   - all threads gather KV tokens through block_table with 16-byte cp.async into a 2-stage ring;
@@ -189,7 +189,7 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
     if (qi >= a.q_len || h >= a.num_heads) continue;
-    if constexpr (SPLIT) {
+    if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
       const SplitWorkspace ws = split_workspace(a);
       const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
       float* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   auto thr_o = mma_o.get_thread_slice(tid_wg);
   Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
   clear(tOrO);
-  float m_run[2] = {kRunningMaxInit, kRunningMaxInit};
+  float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
   if (num_tiles > 0) {
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
 
       // Scale, mask, and the partial row max over this warpgroup's tokens. Accumulator element i
       // of a 64xN wgmma tile is row row0 + 8*((i>>1)&1), column (i>>2)*8 + 2*(lane%4) + (i&1).
-      float tile_max[2] = {kRunningMaxInit, kRunningMaxInit};
+      float tile_max[2] = {-INFINITY, -INFINITY};
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         const int r = (i >> 1) & 1;
@@ -306,19 +306,22 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       }
       __syncthreads();
 
-      float alpha[2];
+      float alpha[2], m_sub[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m_run[r], fmaxf(s.row_max[0][row0 + 8 * r], s.row_max[1][row0 + 8 * r]));
-        alpha[r] = exp2f(m_run[r] - m_new);
+        // While a row has seen no visible key its max is -inf: subtract 0 instead, so that
+        // exp2(-inf - 0) = 0 and no -inf - (-inf) = NaN can appear.
+        m_sub[r] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[r] = exp2f(m_run[r] - m_sub[r]);
         m_run[r] = m_new;
         l_run[r] *= alpha[r];
       }
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); i += 2) {
         const int r = (i >> 1) & 1;
-        const float p0 = exp2f(tSrS(i) - m_run[r]);
-        const float p1 = exp2f(tSrS(i + 1) - m_run[r]);
+        const float p0 = exp2f(tSrS(i) - m_sub[r]);
+        const float p1 = exp2f(tSrS(i + 1) - m_sub[r]);
         l_run[r] += p0 + p1;
         const int col = wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4);
         *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(s.p) + swizzled_offset(row0 + 8 * r, col, kBlockM)) =

@@ -20,7 +20,7 @@ int launch(const MlaDecodeArgs* args) {
     return int(cudaErrorInvalidValue);
   }
   if (a.batch == 0) return int(cudaSuccess);
-  if (SPLIT) {
+  if (SPLIT && a.num_kv_splits > 1) {
     const int64_t need = int64_t(a.num_kv_splits) * a.batch * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
     if (a.workspace == nullptr || a.workspace_bytes < need) return int(cudaErrorInvalidValue);
   }
@@ -41,7 +41,7 @@ int launch(const MlaDecodeArgs* args) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 
-  if constexpr (SPLIT) {
+  if (SPLIT && a.num_kv_splits > 1) {
     const int64_t rows = int64_t(a.batch) * a.q_len * a.num_heads;
     if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
     mla_combine_kernel<Element><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
