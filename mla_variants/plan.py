@@ -54,7 +54,7 @@ class MLADecodePlan:
         shape.batch, shape.num_heads, shape.q_len, shape.page_size, shape.dtype = max_batch, num_heads, q_len, page_size, dtype
         shape.device_index, shape.max_pages = self.device.index, -(-max_seq_len // page_size)
         self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
-        self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, num_kv_splits)
+        self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
         else:

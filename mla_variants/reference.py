@@ -37,9 +37,13 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
         visible = n - (q_len - 1 - torch.arange(q_len, device=q.device))         # keys each query sees
         mask = torch.arange(n, device=q.device)[None, :] < visible[:, None]      # [q_len, n]
         s = s.masked_fill(~mask[:, None, :], float("-inf"))
-        row_lse = torch.logsumexp(s, dim=-1)                                      # [q_len, heads]
         has_key = visible > 0
-        p = torch.where(has_key[:, None, None], torch.exp(s - row_lse[..., None]), torch.zeros_like(s))
+        row_max = s.amax(dim=-1, keepdim=True).masked_fill(~has_key[:, None, None], 0.0)
+        e = torch.exp(s - row_max)                                                # 0 where masked
+        total = e.sum(dim=-1, keepdim=True)
+        # normalise by the sum, not by exp(lse): at |s| ~ 1e30, lse - max rounds to 0 in fp32
+        p = torch.where(has_key[:, None, None], e / total.clamp_min(torch.finfo(dtype).tiny), torch.zeros_like(s))
+        row_lse = (row_max + torch.log(total)).squeeze(-1)                        # [q_len, heads]
         out[b] = torch.einsum("qhn,nd->qhd", p, kv[:, :KV_LORA_RANK])
         lse[b] = torch.where(has_key[:, None], row_lse, torch.full_like(row_lse, float("-inf"))).transpose(0, 1)
     return out, lse
