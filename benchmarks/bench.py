@@ -268,15 +268,17 @@ def host_overhead_us(inputs: dict, num_kv_splits: int, n: int = 300, rounds: int
     result = {}
     for name, fn, kw in (("default_args", mla_decode, {}),
                          ("preallocated", mla_decode, dict(num_kv_splits=num_kv_splits, out=out, lse=lse, workspace=ws)),
-                         ("plan_run", plan.run, dict(out=out, lse=lse))):
+                         ("plan_run", plan.run, dict(out=out, lse=lse)),
+                         ("bound", plan.bind(*args, out=out, lse=lse), None)):
+        call = (lambda: fn()) if kw is None else (lambda: fn(*args, **kw))
         for _ in range(20):
-            fn(*args, **kw)
+            call()
         best = math.inf
         for _ in range(rounds):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
-                fn(*args, **kw)
+                call()
             best = min(best, time.perf_counter() - t0)
         torch.cuda.synchronize()
         result[name] = best / n * 1e6
@@ -513,7 +515,8 @@ def main(argv=None) -> int:
             print(f"host overhead of one eager call (heads {small['num_heads']}, batch 1, seq 1024, page "
                   f"{small['page_size']}): {overhead['default_args']:.1f} us with default arguments, "
                   f"{overhead['preallocated']:.1f} us with preallocated out/lse/workspace, "
-                  f"{overhead['plan_run']:.1f} us through MLADecodePlan.run", flush=True)
+                  f"{overhead['plan_run']:.1f} us through MLADecodePlan.run, {overhead['bound']:.1f} us for a bound step "
+                  f"(MLADecodePlan.bind)", flush=True)
             del inputs
     print("('*' after splits: no exact variant, served by a larger head count or head groups)", flush=True)
     print_header()

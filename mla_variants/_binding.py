@@ -38,6 +38,7 @@ class MlaDecodeArgs(ctypes.Structure):
 _CODES = {_i32: "i", _i64: "q", _vp: "Q", _f32: "f"}
 _PACKER = struct.Struct("@" + "".join(_CODES[t] for _, t in MlaDecodeArgs._fields_))
 assert _PACKER.size == ctypes.sizeof(MlaDecodeArgs), "MlaDecodeArgs packing disagrees with ctypes"
+assert MlaDecodeArgs.stream.offset == _PACKER.size - 8, "stream must be the last field (BoundDecode relies on it)"
 
 
 def pack_args(*fields) -> bytes:
@@ -94,8 +95,15 @@ class Library:
         """Call a launcher with a packed MlaDecodeArgs; raises RuntimeError with the CUDA error string."""
         code = self._launchers[symbol](args)
         if code != 0:
-            msg = self.cdll.mla_variants_error_string(code).decode()
-            raise RuntimeError(f"{symbol} failed with CUDA error {code}: {msg}")
+            self.raise_for(code, symbol)
+
+    def launcher(self, symbol: str):
+        """The ctypes function of one variant (takes a packed MlaDecodeArgs, returns a CUDA error code)."""
+        return self._launchers[symbol]
+
+    def raise_for(self, code: int, what: str) -> None:
+        msg = self.cdll.mla_variants_error_string(code).decode()
+        raise RuntimeError(f"{what} failed with CUDA error {code}: {msg}")
 
 
 _lock = threading.Lock()

@@ -291,28 +291,31 @@ def _current_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int) -> None:
-    """Pack one MlaDecodeArgs per launch (head group) and call the compiled launchers on the current stream."""
-    lib = _binding.library()
+def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,
+          stream: int) -> list[tuple[str, bytes]]:
+    """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]."""
     o, ls = c.out, c.lse
     o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
     qn_st, qp_st = c.qn_st, c.qp_st
     ws_ptr = workspace.data_ptr() if workspace_bytes else 0
-    stream = _current_stream(c.device_index)
+    return [(l.symbol, _binding.pack_args(
+        c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits,
+        c.qn_ptr + l.head_start * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
+        c.qp_ptr + l.head_start * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
+        c.kv_ptr, c.kv_st[0], c.kv_st[1], c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
+        o_ptr + l.head_start * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
+        l_ptr + l.head_start * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
+        ws_ptr, workspace_bytes, stream)) for l in launches]
+
+
+def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int) -> None:
+    """Call the compiled launchers on the current stream of the tensors' device."""
     if c.device_index != torch.cuda.current_device():  # launch on the tensors' device, not the current one
         with torch.cuda.device(c.device_index):
             return _launch(c, launches, num_kv_splits, workspace, workspace_bytes)
-    for l in launches:
-        hs = l.head_start
-        packed = _binding.pack_args(
-            c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits,
-            c.qn_ptr + hs * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
-            c.qp_ptr + hs * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
-            c.kv_ptr, c.kv_st[0], c.kv_st[1], c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
-            o_ptr + hs * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
-            l_ptr + hs * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
-            ws_ptr, workspace_bytes, stream)
-        lib.launch(l.symbol, packed)
+    lib = _binding.library()
+    for symbol, packed in _pack(c, launches, num_kv_splits, workspace, workspace_bytes, _current_stream(c.device_index)):
+        lib.launch(symbol, packed)
 
 
 def _check_workspace(workspace, need: int, device, what: str) -> None:

@@ -12,8 +12,12 @@ from __future__ import annotations
 import torch
 
 from . import _binding
-from .api import (_DTYPES, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _fail, _launch, _validate,
-                  workspace_size)
+import struct
+
+from .api import (_DTYPES, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _current_stream, _fail, _launch,
+                  _pack, _validate, workspace_size)
+
+_STREAM = struct.Struct("@Q")
 
 
 class MLADecodePlan:
@@ -66,6 +70,23 @@ class MLADecodePlan:
         """Launch one decode step on the current stream; same tensors as :func:`mla_variants.mla_decode`,
         batch <= max_batch, and preallocated `out` [batch, q_len, num_heads, 512] and `lse`
         [batch, num_heads, q_len] (run allocates nothing). Returns (out, lse)."""
+        c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
+        if c.batch:
+            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
+        return out, lse
+
+    def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+             *, out: torch.Tensor, lse: torch.Tensor) -> "BoundDecode":
+        """Validate these exact tensors once and return a callable that launches the step with them.
+
+        For engines that keep static buffers (the same q, block_table, seq_lens, out and lse every
+        step, updated in place): calling the result costs one stream lookup and one C call per head
+        group, the least host time an eager step can have. The tensors are held (kept alive) by the
+        returned object; do not resize or reallocate them while it is in use."""
+        c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
+        return BoundDecode(self, c)
+
+    def _check(self, q, kv_cache, block_table, seq_lens, softmax_scale, out, lse):
         if out is None or lse is None:
             _fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run allocates nothing)", None)
         c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse)
@@ -77,11 +98,35 @@ class MLADecodePlan:
             _fail("q", f"batch <= the plan's max_batch={self.max_batch}", c.batch)
         if c.device_index != self.device.index:
             _fail("q", f"a tensor on the plan's device {self.device}", c.device)
-        if c.batch:
-            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
-        return out, lse
+        return c
 
     def __repr__(self) -> str:
         return (f"MLADecodePlan(max_batch={self.max_batch}, num_heads={self.num_heads}, page_size={self.page_size}, "
                 f"q_len={self.q_len}, dtype={self.dtype}, num_kv_splits={self.num_kv_splits}, "
                 f"launches={[l.symbol for l in self.launches]}, workspace_bytes={self.workspace_bytes})")
+
+
+class BoundDecode:
+    """One decode step with fixed tensors (from :meth:`MLADecodePlan.bind`); call it to launch."""
+
+    def __init__(self, plan: MLADecodePlan, call):
+        self.plan, self._call = plan, call          # holds every tensor the packed pointers refer to
+        self.out, self.lse = call.out, call.lse
+        lib = _binding.library()
+        packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0)
+        # the stream is the struct's last field: keep the rest, append the current stream per call
+        self._launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed] if call.batch else []
+        self._device = call.device_index
+        self._lib = lib
+
+    def __call__(self):
+        """Launch on the current stream; returns (out, lse)."""
+        if self._device != torch.cuda.current_device():
+            with torch.cuda.device(self._device):
+                return self()
+        tail = _STREAM.pack(_current_stream(self._device))
+        for fn, head in self._launches:
+            code = fn(head + tail)
+            if code:
+                self._lib.raise_for(code, "a bound MLA decode launch")
+        return self.out, self.lse

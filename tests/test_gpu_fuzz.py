@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
 from mla_variants.testing import compare, make_paged_case  # noqa: E402
 
-NUM_CASES = int(os.environ.get("MLA_FUZZ_CASES", "1500"))
+NUM_CASES = int(os.environ.get("MLA_FUZZ_CASES", "3000"))
 
 
 def _lens(rng, page, n):

@@ -79,6 +79,34 @@ def test_plan_run_allocates_nothing_and_checks_its_contract():
         MLADecodePlan(4, 32, 64, q_len=2, num_kv_splits=8, workspace=torch.empty(100, dtype=torch.uint8, device="cuda"))
 
 
+def test_bound_step_matches_run_and_replays_in_a_graph():
+    case = make_paged_case([700, 0, 2100, 65], 128 + 16, 16, 2, generator=torch.Generator().manual_seed(21))
+    plan = MLADecodePlan(4, 144, 16, q_len=2, num_kv_splits=3)   # two head groups, split variant
+    out = torch.empty(4, 2, 144, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(4, 144, 2, device="cuda")
+    step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+    got_out, got_lse = step()
+    ref_out, ref_lse = _ref(case)
+    assert got_out.data_ptr() == out.data_ptr() and not compare(out, lse, ref_out, ref_lse)
+    run_out, run_lse = out.clone(), lse.clone()
+    plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=run_out, lse=run_lse)
+    torch.cuda.synchronize()
+    assert torch.equal(run_out, out) and torch.equal(run_lse, lse)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    case.seq_lens.copy_(torch.tensor([701, 5, 0, 64], dtype=torch.int32))
+    case.q.normal_(0, 0.1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not compare(out, lse, *_ref(case))
+
+
 def test_workspace_too_small_and_caller_workspace():
     case = make_paged_case([500, 70], 16, 64, 1, generator=torch.Generator().manual_seed(2))
     need = workspace_size(2, 16, 1, 3)
