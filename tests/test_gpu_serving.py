@@ -100,7 +100,7 @@ def test_bound_step_matches_run_and_replays_in_a_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    case.seq_lens.copy_(torch.tensor([701, 5, 0, 64], dtype=torch.int32))
+    case.seq_lens.copy_(torch.tensor([650, 0, 2000, 64], dtype=torch.int32))  # shorter: only written slots
     case.q.normal_(0, 0.1)
     graph.replay()
     torch.cuda.synchronize()
