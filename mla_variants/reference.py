@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import torch
 
+from .fp8 import FP8_DTYPE, dequantize_kv
+
 KV_LORA_RANK = 512
 
 
 def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                         softmax_scale: float, dtype: torch.dtype = torch.float32):
+                         softmax_scale: float, dtype: torch.dtype = torch.float32, k_scale=None):
     """Dense softmax attention per request over the gathered pages, computed in `dtype`.
 
     Same arguments as :func:`mla_variants.mla_decode` (q may be the pair (q_nope, q_pe)); runs on any
-    device. Returns (out [batch, q_len, num_heads, 512], lse [batch, num_heads, q_len]) in `dtype`;
+    device. A float8_e4m3fn cache is dequantized first with `k_scale` (cache value x k_scale = real
+    value; see mla_variants.fp8). Returns (out [batch, q_len, num_heads, 512], lse [batch, num_heads, q_len]) in `dtype`;
     a query that sees no key gets out 0 and lse -inf. Causal for q_len > 1, bottom-right aligned.
     Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j.
     """
@@ -32,7 +35,8 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
         pages = block_table[b, : (n + page_size - 1) // page_size].long()
         if int(pages.min()) < 0 or int(pages.max()) >= num_pages:
             raise ValueError(f"block_table[{b}]: expected page ids in [0, {num_pages}), got {pages.tolist()}")
-        kv = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[:n].to(dtype)      # [n, 576]
+        kv = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[:n]
+        kv = dequantize_kv(kv, k_scale, dtype) if kv.dtype == FP8_DTYPE else kv.to(dtype)  # [n, 576]
         s = torch.einsum("qhd,nd->qhn", q[b].to(dtype), kv) * softmax_scale     # [q_len, heads, n]
         visible = n - (q_len - 1 - torch.arange(q_len, device=q.device))         # keys each query sees
         mask = torch.arange(n, device=q.device)[None, :] < visible[:, None]      # [q_len, n]

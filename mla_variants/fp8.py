@@ -1,0 +1,77 @@
+"""Writing and reading an fp8 (e4m3) latent KV cache, the way serving engines write theirs.
+
+Scale convention (one per-tensor scale, as engines keep per layer): a stored value times `k_scale`
+is the real value, i.e. ``real = float(cache) * k_scale`` and ``cache = saturate(real / k_scale)``,
+rounded to nearest even and clamped to the e4m3 range +-448 (finite inputs never become NaN). The
+same scale applies to both the score side (K, all 576 values) and the value side (V, the first 512).
+The NaN byte of e4m3fn is 0x7F (tests poison unused slots with it).
+"""
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
+FP8_NAN_BYTE = 0x7F
+
+
+def _check_scale(k_scale) -> float:
+    try:
+        scale = float(k_scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"k_scale: expected a positive finite float or a 1-element tensor, got {k_scale!r}") from None
+    if not 0.0 < scale < float("inf"):
+        raise ValueError(f"k_scale: expected a positive finite float, got {scale!r}")
+    return scale
+
+
+def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
+    """Quantize real KV values (any float dtype, any shape) to float8_e4m3fn with ``cache = real / k_scale``.
+
+    Raises ValueError for a non-positive or non-finite k_scale."""
+    scale = _check_scale(k_scale)
+    return (real.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_kv(cache: torch.Tensor, k_scale, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real values of an fp8 cache: ``cache * k_scale`` in `dtype`."""
+    if cache.dtype != FP8_DTYPE:
+        raise ValueError(f"cache: expected dtype {FP8_DTYPE}, got {cache.dtype}")
+    return cache.to(dtype) * _check_scale(k_scale)
+
+
+def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: torch.Tensor, k_scale=None) -> None:
+    """Append tokens to a paged cache in place: token t goes to flat slot ``slot_mapping[t]`` =
+    page_id * page_size + offset (the slot mapping vLLM and SGLang build from block_table).
+
+    kv_cache: [num_pages, page_size, 576], bf16/fp16 or float8_e4m3fn (then `k_scale` is required).
+    slot_mapping: [num_tokens] int32/int64, each in [0, num_pages * page_size); negative entries are skipped
+    (padding tokens). new_kv: [num_tokens, 576] real values.
+    Raises ValueError naming the argument for wrong shapes, dtypes or slots."""
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != 576:
+        raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 576], got {tuple(kv_cache.shape)}")
+    if new_kv.dim() != 2 or new_kv.shape[-1] != 576:
+        raise ValueError(f"new_kv: expected shape [num_tokens, 576], got {tuple(new_kv.shape)}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != new_kv.shape[0] or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping: expected int32/int64 of shape [{new_kv.shape[0]}], "
+                         f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    flat = kv_cache.view(-1, 576)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    if slots.numel() and int(slots.max()) >= flat.shape[0]:
+        raise ValueError(f"slot_mapping: expected slots below num_pages * page_size = {flat.shape[0]}, got {int(slots.max())}")
+    rows = new_kv[keep]
+    if kv_cache.dtype == FP8_DTYPE:
+        if k_scale is None:
+            raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
+        flat[slots] = quantize_kv(rows, k_scale)
+    else:
+        flat[slots] = rows.to(kv_cache.dtype)
+
+
+def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Flat slots of token `positions[b]` of each request b: block_table[b, pos // page_size] * page_size
+    + pos % page_size (int64); positions < 0 map to -1 (skipped by write_kv_cache)."""
+    pos = positions.long()
+    page = block_table.gather(1, (pos.clamp_min(0) // page_size)[:, None]).squeeze(1).long()
+    return torch.where(pos >= 0, page * page_size + pos.clamp_min(0) % page_size, torch.full_like(pos, -1))

@@ -1,0 +1,52 @@
+"""fp8 (e4m3) cache helpers and the reference on a dequantized cache (CPU)."""
+import pytest
+import torch
+
+from mla_variants import mla_decode_reference
+from mla_variants.fp8 import (FP8_DTYPE, FP8_NAN_BYTE, dequantize_kv, quantize_kv, slot_mapping_for,
+                              write_kv_cache)
+from mla_variants.testing import make_paged_case
+
+
+@pytest.mark.parametrize("k_scale", [0.0625, 1.0, 37.5])
+def test_round_trip_error_is_e4m3_rounding(k_scale):
+    real = torch.randn(1000, 576) * 3 * k_scale
+    back = dequantize_kv(quantize_kv(real, k_scale), k_scale)
+    rel = ((back - real).abs() / real.abs().clamp_min(1e-3 * k_scale)).median()
+    assert rel < 2 ** -4  # 3 mantissa bits: half an ulp is 2^-4 relative
+    assert torch.isfinite(back).all()
+
+
+def test_saturates_instead_of_nan_and_nan_byte():
+    q = quantize_kv(torch.tensor([1e6, -1e6, 447.0, 0.0]), 1.0)
+    assert q.float().tolist() == [448.0, -448.0, 448.0, 0.0]
+    assert torch.isnan(torch.tensor([FP8_NAN_BYTE], dtype=torch.uint8).view(FP8_DTYPE).float()).all()
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "x"])
+def test_bad_scale(bad):
+    with pytest.raises(ValueError, match="k_scale"):
+        quantize_kv(torch.ones(3), bad)
+
+
+def test_write_kv_cache_appends_through_the_slot_mapping():
+    case = make_paged_case([5, 17], 2, 8, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(0))
+    cache = torch.full((case.kv_cache.shape[0], 8, 576), FP8_NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE)
+    # write every token of both requests one position at a time, as decode steps would
+    for pos in range(17):
+        positions = torch.tensor([pos if pos < 5 else -1, pos])
+        slots = slot_mapping_for(case.block_table, positions, 8)
+        rows = torch.stack([case.kv_cache.view(-1, 576)[max(int(s), 0)] for s in slots])
+        write_kv_cache(cache, slots, rows, k_scale=0.5)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    got = mla_decode_reference(case.q, cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
+    assert torch.isfinite(got[0]).all()
+    rel = ((got[0] - ref[0]).norm() / ref[0].norm()).item()
+    assert 1e-4 < rel < 2 ** -4, rel  # e4m3 rounding of K and V, nothing more (and not nothing)
+    torch.testing.assert_close(got[1], ref[1], atol=2e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="k_scale: required"):
+        write_kv_cache(cache, torch.tensor([0]), torch.zeros(1, 576))
+    with pytest.raises(ValueError, match="slot_mapping: expected slots below"):
+        write_kv_cache(cache, torch.tensor([10**6]), torch.zeros(1, 576), k_scale=1.0)
+    with pytest.raises(ValueError, match="new_kv: expected shape"):
+        write_kv_cache(cache, torch.tensor([0]), torch.zeros(1, 512), k_scale=1.0)
