@@ -104,3 +104,16 @@ def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse
             if (e > lse_atol + lse_rtol * rl[fin].abs()).any():
                 problems.append(f"lse: max abs err {e.max().item():.3e} beyond {lse_atol} + {lse_rtol}*|ref|")
     return problems
+
+
+def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same cache memory seen as page_size 1: ([num_pages * page_size, 1, 576] view, token-level
+    block_table [batch, max_pages * page_size] int32). Used to time a page-P variant against the
+    page-1 (per-token gather) variant on identical bytes. Needs a cache whose pages are contiguous."""
+    num_pages, page_size, dim = kv_cache.shape
+    if kv_cache.stride(0) != page_size * kv_cache.stride(1):
+        raise ValueError("kv_cache: as_token_pages needs pages laid out back to back (stride(0) == page_size * stride(1))")
+    tokens = kv_cache.as_strided((num_pages * page_size, 1, dim), (kv_cache.stride(1), kv_cache.stride(1), kv_cache.stride(2)))
+    offs = torch.arange(page_size, device=block_table.device, dtype=torch.int64)
+    table = (block_table.long().clamp_min(0)[:, :, None] * page_size + offs).reshape(block_table.shape[0], -1)
+    return tokens, table.to(torch.int32)

@@ -100,3 +100,13 @@ def test_split_heuristic_and_workspace_size():
     assert workspace_size(4, 16, 2, 3) == 3 * 4 * 2 * 16 * 513 * 4
     with pytest.raises(ValueError, match="num_kv_splits: expected a positive int"):
         workspace_size(4, 16, 2, 0)
+
+
+def test_token_page_view_is_the_same_problem():
+    from mla_variants.testing import as_token_pages
+    case = make_paged_case([37, 200, 1], 2, 16, 2, torch.float32, device="cpu", generator=torch.Generator().manual_seed(4))
+    kv1, table1 = as_token_pages(case.kv_cache, case.block_table)
+    assert kv1.shape == (case.kv_cache.shape[0] * 16, 1, 576) and kv1.data_ptr() == case.kv_cache.data_ptr()
+    a = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    b = mla_decode_reference(case.q, kv1, table1, case.seq_lens, case.softmax_scale)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
