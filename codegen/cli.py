@@ -1,7 +1,7 @@
 """Command line: ``mla-variants`` (console script) or ``python -m codegen``.
 
     mla-variants build  [--preset NAME] [--filter PATTERN ...] [-j N]   render, configure, compile, emit dispatch
-    mla-variants generate [--preset NAME] [--filter PATTERN ...]        render only
+    mla-variants generate [--preset NAME] [--filter PATTERN ...]        render sources only (no dispatch table)
     mla-variants list                                                    print the dispatch table of the last build
 """
 from __future__ import annotations
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mla-variants", description="Generate, build and list MLA decode kernel variants.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, help_ in (("build", "render, compile and emit the dispatch table"),
-                        ("generate", "render sources, sources.cmake, manifest and dispatch table only"),
+                        ("generate", "render the sources, sources.cmake and manifest only (the dispatch table is "
+                                     "written by build, once the library links)"),
                         ("list", "print the dispatch table of the last build")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--config", default=str(ROOT / "variants.yaml"), help="variants file (default: %(default)s)")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         gen, bdir = Path(args.generated_dir), Path(args.build_dir)
         # the dispatch table is written only after the library links, so a failed build leaves the
         # previous table and library consistent
-        res = render(config, chosen, gen, bdir / LIBRARY_NAME, dispatch=args.cmd == "generate")
+        res = render(config, chosen, gen, bdir / LIBRARY_NAME, dispatch=False)
         echo_flush(f"rendered {len(chosen)} variants into {gen} ({len(res.written)} files written, "
                    f"{len(res.removed)} stale removed)")
         if args.cmd == "generate":

@@ -41,9 +41,11 @@ def _fail(arg: str, expected: str, got) -> None:
 
 def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -> int:
     """Bytes of split-KV workspace one call needs: num_kv_splits * batch * q_len * num_heads * (512 + 1)
-    fp32 values (partial outputs plus partial lse). 0 when num_kv_splits == 1."""
+    fp32 values, 4 bytes each (per split: the normalised partial output and its lse). 0 when
+    num_kv_splits == 1. batch >= 0; num_heads, q_len, num_kv_splits >= 1 (ints).
+    Raises MLAInputError naming the argument otherwise."""
     for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("num_kv_splits", num_kv_splits)):
-        if not isinstance(v, int) or v < (0 if name == "batch" else 1):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "batch" else 1):
             _fail(name, "a non-negative int" if name == "batch" else "a positive int", repr(v))
     if num_kv_splits == 1:
         return 0
@@ -56,13 +58,18 @@ def _sm_count(device_index: int) -> int:
 
 
 def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int) -> int:
-    """The split heuristic: split keys only when the unsplit grid leaves SMs idle.
+    """The split heuristic (flash-decoding's idea: split the keys when the batch alone cannot fill
+    the GPU): split only when the unsplit grid leaves SMs idle.
 
-    The unsplit grid has batch * ceil(num_heads * q_len / 64) CTAs (one per SM at a time). When that
-    fills the num_sms SMs, return 1. Otherwise split each request into as many pieces as fill the SMs
-    once, but keep at least 4 tiles (256 keys) per piece, counted on `max_seq_len` (the longest
-    sequence the call may see; block_table's width times page_size when the caller gives nothing
-    better), and at most MAX_KV_SPLITS.
+    batch >= 0 requests, num_heads and q_len of the call, max_seq_len in tokens (the longest sequence
+    the call may see; block_table's width times page_size when the caller gives nothing better),
+    num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
+    batch * ceil(num_heads * q_len / 64) CTAs, one per SM at a time (a call served by a larger compiled
+    head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
+    many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 4 (about 256 keys per piece
+    for a request of max_seq_len; shorter requests get shorter pieces, since the kernel cuts each
+    request's own keys into this many equal runs of 64-key tiles) and at most MAX_KV_SPLITS; never
+    less than 1. Pure arithmetic, never raises.
     """
     ctas = batch * math.ceil(num_heads * q_len / BLOCK_M)
     if ctas == 0 or ctas >= num_sms:
@@ -361,14 +368,16 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
     """
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse)
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
+        _fail("max_seq_len", "a positive int (an upper bound of seq_lens)", repr(max_seq_len))
+    if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
+        _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
     if c.out is None:
         c.out = torch.empty((c.batch, c.q_len, c.num_heads, KV_LORA_RANK), dtype=c.dtype, device=c.device)
     if c.lse is None:
         c.lse = torch.empty((c.batch, c.num_heads, c.q_len), dtype=torch.float32, device=c.device)
     if c.batch == 0:
         return c.out, c.lse
-    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
-        _fail("max_seq_len", "a positive int (an upper bound of seq_lens)", repr(max_seq_len))
     lib = _binding.library()
     launches, num_kv_splits = _choose(lib, c, num_kv_splits, max_seq_len)
     if debug:
@@ -429,11 +438,14 @@ def _debug_check(kv_cache, block_table, seq_lens, page_size: int) -> None:
 
 
 def list_variants() -> list[tuple[int, int, str, bool]]:
-    """The compiled (num_heads, page_size, dtype, split) keys of the loaded library, sorted."""
+    """The compiled (num_heads, page_size, dtype, split) keys of the loaded library, sorted.
+    Raises LibraryNotBuiltError when nothing was built."""
     return sorted(_binding.library().table)
 
 
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
-    """Whether a call with these parameters can be served by the built library (dtype: torch dtype or 'bf16'/'fp16')."""
+    """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
+    'bf16'/'fp16'; masked head counts and head groups count as served). Raises LibraryNotBuiltError
+    when nothing was built."""
     from .dispatch import is_supported as _is
     return _is(_binding.library().table, num_heads, page_size, _DTYPES.get(dtype, dtype), split)

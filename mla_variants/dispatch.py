@@ -38,12 +38,12 @@ def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
         "page_size": f"add {page_size} to axes.page_size",
         "dtype": f"add {dtype} to axes.dtype",
         "split": f"add {str(split).lower()} to axes.split",
-        "num_heads": f"add {num_heads} (or a larger head count) to axes.num_heads",
     }[why]
     return VariantNotCompiledError(
         f"no compiled MLA decode variant for num_heads={num_heads}, page_size={page_size}, dtype={dtype}, "
         f"split={str(split).lower()} (no {why} match). Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. "
-        f"To add it: {axis_fix} in variants.yaml and run `mla-variants build`.")
+        f"To add it: {axis_fix} in variants.yaml (if it is there already, the last build selected fewer "
+        f"variants with --preset/--filter) and run `mla-variants build`.")
 
 
 def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> list[Launch]:

@@ -26,17 +26,21 @@ def _check_scale(k_scale) -> float:
 
 
 def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
-    """Quantize real KV values (any float dtype, any shape) to float8_e4m3fn with ``cache = real / k_scale``.
-
-    Raises ValueError for a non-positive or non-finite k_scale."""
+    """Quantize real KV values (any float dtype, any shape) to float8_e4m3fn with ``cache = real / k_scale``,
+    rounded to nearest and clamped to +-448 (e4m3fn, "FP8 Formats for Deep Learning", arXiv:2209.05433);
+    NaN stays NaN. Returns the same shape. Raises ValueError for a non-positive or non-finite k_scale."""
     scale = _check_scale(k_scale)
     return (real.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def dequantize_kv(cache: torch.Tensor, k_scale, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The real values of an fp8 cache: ``cache * k_scale`` in `dtype`."""
+    """The real values of an fp8 cache (any shape): ``cache * k_scale`` in `dtype`, same shape.
+
+    Raises ValueError if cache is not float8_e4m3fn or k_scale is missing, non-positive or not finite."""
     if cache.dtype != FP8_DTYPE:
         raise ValueError(f"cache: expected dtype {FP8_DTYPE}, got {cache.dtype}")
+    if k_scale is None:
+        raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
     return cache.to(dtype) * _check_scale(k_scale)
 
 
@@ -46,8 +50,10 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
 
     kv_cache: [num_pages, page_size, 576], bf16/fp16 or float8_e4m3fn (then `k_scale` is required).
     slot_mapping: [num_tokens] int32/int64, each in [0, num_pages * page_size); negative entries are skipped
-    (padding tokens). new_kv: [num_tokens, 576] real values.
-    Raises ValueError naming the argument for wrong shapes, dtypes or slots."""
+    (padding tokens). new_kv: [num_tokens, 576] real values. The cache may be a strided view (e.g. one
+    layer of a larger buffer).
+    Raises ValueError naming the argument for wrong shapes, dtypes or slots, a missing k_scale for an
+    fp8 cache, or a k_scale given for a bf16/fp16 cache."""
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != 576:
         raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 576], got {tuple(kv_cache.shape)}")
     if new_kv.dim() != 2 or new_kv.shape[-1] != 576:
@@ -55,23 +61,27 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != new_kv.shape[0] or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping: expected int32/int64 of shape [{new_kv.shape[0]}], "
                          f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
-    flat = kv_cache.view(-1, 576)
+    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    if slots.numel() and int(slots.max()) >= flat.shape[0]:
-        raise ValueError(f"slot_mapping: expected slots below num_pages * page_size = {flat.shape[0]}, got {int(slots.max())}")
+    if slots.numel() and int(slots.max()) >= num_pages * page_size:
+        raise ValueError(f"slot_mapping: expected slots below num_pages * page_size = {num_pages * page_size}, "
+                         f"got {int(slots.max())}")
     rows = new_kv[keep]
     if kv_cache.dtype == FP8_DTYPE:
         if k_scale is None:
             raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
-        flat[slots] = quantize_kv(rows, k_scale)
-    else:
-        flat[slots] = rows.to(kv_cache.dtype)
+        rows = quantize_kv(rows, k_scale)
+    elif k_scale is not None:
+        raise ValueError(f"k_scale: only for a float8_e4m3fn cache; this cache is {kv_cache.dtype}")
+    kv_cache[slots // page_size, slots % page_size] = rows.to(kv_cache.dtype)  # works on strided views too
 
 
 def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
     """Flat slots of token `positions[b]` of each request b: block_table[b, pos // page_size] * page_size
-    + pos % page_size (int64); positions < 0 map to -1 (skipped by write_kv_cache)."""
+    + pos % page_size, as int64 [batch]; positions < 0 map to -1 (skipped by write_kv_cache).
+    block_table: [batch, max_pages] int32; positions: [batch] int. Raises RuntimeError (torch's index
+    error) for a position past the table's width."""
     pos = positions.long()
     page = block_table.gather(1, (pos.clamp_min(0) // page_size)[:, None]).squeeze(1).long()
     return torch.where(pos >= 0, page * page_size + pos.clamp_min(0) % page_size, torch.full_like(pos, -1))

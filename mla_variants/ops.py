@@ -17,15 +17,28 @@ import torch
 from .api import KV_LORA_RANK, mla_decode as _mla_decode
 
 
+def _fake_check(q_nope, q_pe) -> None:
+    if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
+            or q_pe.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(f"q_nope/q_pe: expected [batch, q_len, num_heads, 512] and [.., 64], "
+                         f"got {tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+
+
 @torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")
 def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """mla_variants.mla_decode as an op: q_nope [batch, q_len, num_heads, 512] and q_pe [.., 64] (bf16/fp16,
+    CUDA), kv_cache [num_pages, page_size, 576], block_table [batch, max_pages] int32, seq_lens [batch]
+    int32; num_kv_splits 0 = heuristic. Returns out [batch, q_len, num_heads, 512] (q's dtype) and lse
+    [batch, num_heads, q_len] fp32 (natural log). Raises what mla_decode raises; CPU tensors have no
+    kernel (NotImplementedError from the dispatcher)."""
     return _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                        num_kv_splits=num_kv_splits or None)
 
 
 @mla_decode_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits):
+    _fake_check(q_nope, q_pe)
     batch, q_len, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((batch, q_len, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((batch, num_heads, q_len), dtype=torch.float32))
@@ -35,10 +48,13 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_split
 def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                       seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int, out: torch.Tensor,
                       lse: torch.Tensor) -> None:
+    """The in-place form of mla_decode_op: writes the preallocated out [batch, q_len, num_heads, 512]
+    and lse [batch, num_heads, q_len] fp32 and returns nothing."""
     _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                 num_kv_splits=num_kv_splits or None, out=out, lse=lse)
 
 
 @mla_decode_out_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse):
+    _fake_check(q_nope, q_pe)
     return None

@@ -32,7 +32,11 @@ class MLADecodePlan:
       workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
         (see :func:`mla_variants.workspace_size`); otherwise the plan allocates one now.
 
-    Raises MLAInputError for bad arguments, VariantNotCompiledError if no compiled variant serves them.
+    Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
+    workspace and workspace_bytes (its size, :func:`mla_variants.workspace_size` for max_batch).
+
+    Raises MLAInputError for bad arguments, VariantNotCompiledError if no compiled variant serves them,
+    LibraryNotBuiltError if nothing was built.
     """
 
     def __init__(self, max_batch: int, num_heads: int, page_size: int, *, q_len: int = 1,
@@ -45,6 +49,8 @@ class MLADecodePlan:
                 _fail(name, f"an int from {lo} to {hi}", repr(v))
         if dtype not in _DTYPES:
             _fail("dtype", "torch.bfloat16 or torch.float16", dtype)
+        if not torch.cuda.is_available():
+            _fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
             _fail("device", "a CUDA device", self.device)
@@ -67,9 +73,15 @@ class MLADecodePlan:
 
     def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
             *, out: torch.Tensor, lse: torch.Tensor):
-        """Launch one decode step on the current stream; same tensors as :func:`mla_variants.mla_decode`,
-        batch <= max_batch, and preallocated `out` [batch, q_len, num_heads, 512] and `lse`
-        [batch, num_heads, q_len] (run allocates nothing). Returns (out, lse)."""
+        """Launch one decode step on the current stream; same tensors as :func:`mla_variants.mla_decode`
+        (q [batch, q_len, num_heads, 576] or (q_nope, q_pe) in the plan's dtype, kv_cache
+        [num_pages, page_size, 576], block_table [batch, max_pages] int32, seq_lens [batch] int32),
+        batch <= max_batch, and preallocated `out` [batch, q_len, num_heads, 512] (plan dtype) and `lse`
+        [batch, num_heads, q_len] fp32 (run allocates nothing). Returns (out, lse).
+
+        Raises MLAInputError for any argument mla_decode would reject, for out/lse missing, for a
+        num_heads/page_size/q_len/dtype other than the plan's, batch > max_batch or another device;
+        RuntimeError with the CUDA error if a launch fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
         if c.batch:
             _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
@@ -82,7 +94,9 @@ class MLADecodePlan:
         For engines that keep static buffers (the same q, block_table, seq_lens, out and lse every
         step, updated in place): calling the result costs one stream lookup and one C call per head
         group, the least host time an eager step can have. The tensors are held (kept alive) by the
-        returned object; do not resize or reallocate them while it is in use."""
+        returned object; do not resize or reallocate them while it is in use. Same arguments, shapes and
+        errors as :meth:`run`; calling the result raises RuntimeError with the CUDA error if a launch
+        fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
         return BoundDecode(self, c)
 

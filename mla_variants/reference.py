@@ -16,7 +16,12 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     device. A float8_e4m3fn cache is dequantized first with `k_scale` (cache value x k_scale = real
     value; see mla_variants.fp8). Returns (out [batch, q_len, num_heads, 512], lse [batch, num_heads, q_len]) in `dtype`;
     a query that sees no key gets out 0 and lse -inf. Causal for q_len > 1, bottom-right aligned.
-    Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j.
+    Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j
+    (scaled dot-product attention, "Attention Is All You Need", arXiv:1706.03762, over the MLA latent
+    cache of DeepSeek-V2, arXiv:2405.04434).
+    Raises ValueError where the kernel would give NaN rows instead: a seq_len below 0 or beyond
+    max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages), or an fp8 cache
+    without k_scale.
     """
     if isinstance(q, (tuple, list)):
         q = torch.cat([q[0], q[1]], dim=-1)

@@ -50,3 +50,16 @@ def test_write_kv_cache_appends_through_the_slot_mapping():
         write_kv_cache(cache, torch.tensor([10**6]), torch.zeros(1, 576), k_scale=1.0)
     with pytest.raises(ValueError, match="new_kv: expected shape"):
         write_kv_cache(cache, torch.tensor([0]), torch.zeros(1, 512), k_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale: only for a float8_e4m3fn cache"):
+        write_kv_cache(case.kv_cache, torch.tensor([0]), torch.zeros(1, 576), k_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale: required"):
+        mla_decode_reference(case.q, cache, case.block_table, case.seq_lens, case.softmax_scale)
+
+
+def test_write_into_a_layer_view_of_a_larger_buffer():
+    layers = torch.zeros(3, 4, 16, 576, dtype=torch.uint8).view(FP8_DTYPE)
+    layer = layers[1]
+    new = torch.randn(2, 576)
+    write_kv_cache(layer, torch.tensor([5, 37]), new, k_scale=2.0)
+    assert torch.equal(layers[1, 0, 5], quantize_kv(new[0], 2.0)) and torch.equal(layers[1, 2, 5], quantize_kv(new[1], 2.0))
+    assert layers[0].float().abs().sum() == 0 and layers[2].float().abs().sum() == 0

@@ -87,3 +87,18 @@ def test_packed_args_match_the_c_struct_layout():
     ref = _binding.MlaDecodeArgs(_binding.ABI_VERSION, *values)
     assert _binding.pack_args(*values) == bytes(ref)
     assert len(_binding.pack_args(*values)) == ctypes.sizeof(_binding.MlaDecodeArgs)
+
+
+def test_workspace_size_rejects_bools():
+    from mla_variants import workspace_size
+    with pytest.raises(MLAInputError, match="batch: expected a non-negative int, got True"):
+        workspace_size(True, 16, 1, 2)
+
+
+def test_fake_ops_check_shapes():
+    import mla_variants.ops  # noqa: F401
+    m = dict(device="meta")
+    with pytest.raises(ValueError, match="q_nope/q_pe: expected"):
+        torch.ops.mla_variants.mla_decode(torch.empty(3, 2, 16, 7, **m), torch.empty(3, 2, 16, 64, **m),
+                                          torch.empty(4, 64, 576, **m), torch.empty(3, 4, dtype=torch.int32, **m),
+                                          torch.empty(3, dtype=torch.int32, **m), 0.1, 0)
