@@ -20,15 +20,27 @@ class PagedCase:
     block_table: torch.Tensor  # [batch, max_pages] int32
     seq_lens: torch.Tensor     # [batch] int32
     softmax_scale: float
+    k_scale: float | None = None  # set for a float8_e4m3fn cache: stored value x k_scale = real value
+
+
+#: compare() bounds for an fp8 (e4m3) cache against the fp32 reference on the dequantized cache (issue 5)
+FP8_TOLERANCE = dict(atol=1e-2, rtol=6.25e-2, cos_tol=1e-4, lse_atol=1e-3, lse_rtol=1e-4, rel_l2_tol=6.25e-2)
 
 
 def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: int = 1,
                     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
                     q_std: float = 0.1, kv_std: float = 0.1, extra_pages: int = 3, poison: bool = True,
                     softmax_scale: float = (128 + 64) ** -0.5, generator: torch.Generator | None = None,
-                    max_pages: int | None = None) -> PagedCase:
+                    max_pages: int | None = None, k_scale: float | None = None) -> PagedCase:
     """Build a random case. Pages are a random permutation of the pool (plus `extra_pages` unused ones);
-    with `poison`, unused slots are NaN and unused table entries junk."""
+    with `poison`, unused slots are NaN and unused table entries junk.
+
+    dtype float8_e4m3fn makes an fp8 cache written the way engines write it (real N(0, kv_std^2) values
+    quantized with `k_scale`, default 1.0; q stays bf16) and poisons unused slots with the e4m3 NaN byte."""
+    fp8 = dtype == torch.float8_e4m3fn
+    if fp8:
+        from .fp8 import FP8_NAN_BYTE, quantize_kv
+        k_scale = 1.0 if k_scale is None else k_scale
     if page_size < 1 or num_heads < 1 or q_len < 1 or any(n < 0 for n in seq_lens):
         raise ValueError(f"make_paged_case: expected page_size, num_heads, q_len >= 1 and seq_lens >= 0, got "
                          f"page_size={page_size}, num_heads={num_heads}, q_len={q_len}, seq_lens={seq_lens}")
@@ -37,7 +49,8 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
     pages_per = [(n + page_size - 1) // page_size for n in seq_lens]
     width = max(max_pages or 0, max(pages_per, default=0), 1)
     num_pages = max(1, sum(pages_per) + extra_pages)
-    kv = (torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std).to(dtype)
+    real = torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std
+    kv = quantize_kv(real, k_scale) if fp8 else real.to(dtype)
     perm = torch.randperm(num_pages, generator=g)
     table = torch.full((batch, width), -1 if poison else 0, dtype=torch.int32)
     if poison:  # junk after the used entries: some -1, some far out of range
@@ -53,10 +66,15 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
             for j, pid in enumerate(ids.tolist()):
                 kv_used[pid, : min(page_size, seq_lens[b] - j * page_size)] = True
     if poison:
-        kv[~kv_used] = float("nan")
-    q = (torch.randn(batch, q_len, num_heads, HEAD_DIM, generator=g, device="cpu") * q_std).to(dtype)
+        if fp8:
+            kv.view(torch.uint8)[~kv_used] = FP8_NAN_BYTE
+        else:
+            kv[~kv_used] = float("nan")
+    q_dtype = torch.bfloat16 if fp8 else dtype
+    q = (torch.randn(batch, q_len, num_heads, HEAD_DIM, generator=g, device="cpu") * q_std).to(q_dtype)
     return PagedCase(q.to(device), kv.to(device), table.to(device),
-                     torch.tensor(seq_lens, dtype=torch.int32, device=device), softmax_scale)
+                     torch.tensor(seq_lens, dtype=torch.int32, device=device), softmax_scale,
+                     k_scale if fp8 else None)
 
 
 def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,

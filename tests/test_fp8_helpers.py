@@ -63,3 +63,20 @@ def test_write_into_a_layer_view_of_a_larger_buffer():
     write_kv_cache(layer, torch.tensor([5, 37]), new, k_scale=2.0)
     assert torch.equal(layers[1, 0, 5], quantize_kv(new[0], 2.0)) and torch.equal(layers[1, 2, 5], quantize_kv(new[1], 2.0))
     assert layers[0].float().abs().sum() == 0 and layers[2].float().abs().sum() == 0
+
+
+@pytest.mark.parametrize("k_scale", [0.0625, 37.5])
+def test_fp8_cases_are_poisoned_with_the_nan_byte_and_dequantize_right(k_scale):
+    from mla_variants.testing import FP8_TOLERANCE, compare
+    case = make_paged_case([3, 40], 2, 16, 2, torch.float8_e4m3fn, device="cpu", kv_std=0.1 * k_scale,
+                           k_scale=k_scale, generator=torch.Generator().manual_seed(5))
+    assert case.kv_cache.dtype == FP8_DTYPE and case.q.dtype == torch.bfloat16 and case.k_scale == k_scale
+    raw = case.kv_cache.view(torch.uint8)
+    page0 = case.block_table[0, 0].long()
+    assert (raw[page0, 3:] == FP8_NAN_BYTE).all() and not (raw[page0, :3] == FP8_NAN_BYTE).any()
+    out, lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                    k_scale=case.k_scale)
+    assert torch.isfinite(out).all()
+    real = dequantize_kv(case.kv_cache, k_scale)  # the fp8 reference is the reference on the dequantized cache
+    ref = mla_decode_reference(case.q, real, case.block_table, case.seq_lens, case.softmax_scale)
+    assert compare(out, lse, *ref, **FP8_TOLERANCE) == []
