@@ -35,15 +35,12 @@ CASES = [  # (num_heads, batch, seq_len, page_size)
 def only_variants(keep):
     """Serve calls from the subset of the dispatch table for which keep(key) is true."""
     lib = _binding.library()
-    table, plans = lib.table, lib.__dict__.pop("_plans", None)
-    lib.table = {k: v for k, v in table.items() if keep(k)}
+    table = lib.table
+    lib.table, lib._plans = {k: v for k, v in table.items() if keep(k)}, {}
     try:
         yield
     finally:
-        lib.table = table
-        lib.__dict__.pop("_plans", None)
-        if plans is not None:
-            lib._plans = plans
+        lib.table, lib._plans = table, {}
 
 
 def timed(inputs, flush, reps, **kw) -> float:

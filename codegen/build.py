@@ -169,4 +169,3 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
 
 def echo_flush(msg: str) -> None:
     print(msg, flush=True)
-    sys.stdout.flush()

@@ -79,6 +79,7 @@ class Library:
         got = self.cdll.mla_variants_abi_version()
         if got != ABI_VERSION:
             raise LibraryNotBuiltError(f"{self.path} has ABI version {got}, this package expects {ABI_VERSION}: rebuild")
+        self._plans: dict = {}  # memo of plan(); derived from table, so reset whenever table changes
         self._launchers: dict[str, ctypes._CFuncPtr] = {}
         for name in self.table.values():
             try:
@@ -90,6 +91,15 @@ class Library:
             fn.argtypes = [ctypes.c_char_p]  # a pack_args() buffer (or bytes(MlaDecodeArgs(...)))
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
+
+    def plan(self, num_heads: int, page_size: int, dtype: str, split: bool):
+        """dispatch.plan_launches on this library's table, memoized (the table is fixed once loaded)."""
+        key = (num_heads, page_size, dtype, split)
+        got = self._plans.get(key)
+        if got is None:
+            from .dispatch import plan_launches
+            got = self._plans[key] = plan_launches(self.table, *key)
+        return got
 
     def launch(self, symbol: str, args: bytes) -> None:
         """Call a launcher with a packed MlaDecodeArgs; raises RuntimeError with the CUDA error string."""

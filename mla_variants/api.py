@@ -17,7 +17,8 @@ from functools import lru_cache
 import torch
 
 from . import _binding
-from .dispatch import VariantNotCompiledError, plan_launches
+from .dispatch import VariantNotCompiledError
+from .dispatch import is_supported as _table_supports
 
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
@@ -206,14 +207,12 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) 
 
 def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse) -> _Call:
     """Check every argument (raising MLAInputError naming it) and return the call; out/lse may stay None."""
-    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
-                                      or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
-        num_kv_splits_bad = True
-    else:
-        num_kv_splits_bad = False
-    fast = _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
-    if fast is not None and not num_kv_splits_bad:
-        return fast
+    num_kv_splits_bad = num_kv_splits is not None and (
+        isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS)
+    if not num_kv_splits_bad:
+        fast = _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
+        if fast is not None:
+            return fast
     # -- q ---------------------------------------------------------------------------------------
     if isinstance(q, (tuple, list)):
         if len(q) != 2:
@@ -398,25 +397,15 @@ def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
     falls back to one split when the build has no split variant for this (page_size, dtype)."""
     dtype = _DTYPES[c.dtype]
     if num_kv_splits is not None:
-        return _plan(lib, c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
+        return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
     bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
     n = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
     if n > 1:
         try:
-            return _plan(lib, c.num_heads, c.page_size, dtype, True), n
+            return lib.plan(c.num_heads, c.page_size, dtype, True), n
         except VariantNotCompiledError:
             pass
-    return _plan(lib, c.num_heads, c.page_size, dtype, False), 1
-
-
-def _plan(lib, num_heads: int, page_size: int, dtype: str, split: bool):
-    """plan_launches, memoized per library (the table never changes once loaded)."""
-    key = (num_heads, page_size, dtype, split)
-    cache = lib.__dict__.setdefault("_plans", {})
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = plan_launches(lib.table, *key)
-    return got
+    return lib.plan(c.num_heads, c.page_size, dtype, False), 1
 
 
 def _debug_check(kv_cache, block_table, seq_lens, page_size: int) -> None:
@@ -447,5 +436,4 @@ def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> 
     """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
     'bf16'/'fp16'; masked head counts and head groups count as served). Raises LibraryNotBuiltError
     when nothing was built."""
-    from .dispatch import is_supported as _is
-    return _is(_binding.library().table, num_heads, page_size, _DTYPES.get(dtype, dtype), split)
+    return _table_supports(_binding.library().table, num_heads, page_size, _DTYPES.get(dtype, dtype), split)

@@ -46,14 +46,11 @@ def _ref(case, seq_lens=None, q=None, block_table=None):
                                 case.seq_lens if seq_lens is None else seq_lens, case.softmax_scale)
 
 
-def _check(out, lse, ref_out, ref_lse, what="", rel_tol=1e-2, **kw):
+def _check(out, lse, ref_out, ref_lse, what="", **kw):
+    """compare() against the reference; it includes the relative-L2 bound (1e-2) that catches a
+    uniform scale error on long sequences."""
     torch.cuda.synchronize()
     problems = compare(out, lse, ref_out, ref_lse, **kw)
-    o, r = out.float(), ref_out.float()
-    if torch.isfinite(o).all() and r.norm() > 0:
-        rel = ((o - r).norm() / r.norm()).item()
-        if rel > rel_tol:
-            problems.append(f"relative L2 error {rel:.3e} > {rel_tol}")
     assert not problems, f"{what}: {problems}"
 
 
