@@ -9,19 +9,28 @@ constexpr int kHeadDimK = kKvLoraRank + kRopeDim;  // 576 values per cached toke
 constexpr int kHeadDimV = kKvLoraRank;             // 512
 
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
-constexpr int kBlockN = 64;           // KV tokens per pipeline stage
-constexpr int kStages = 2;            // shared-memory ring depth for KV tiles
-constexpr int kNumWarpgroups = 2;     // both compute: each owns half the tokens of S and half of O
-constexpr int kNumThreads = 128 * kNumWarpgroups;
+constexpr int kBlockN = 64;           // KV tokens per tile
+constexpr int kStages = 2;            // tiles resident in the shared-memory ring
+constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
+constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
+constexpr int kRingSlots = kStages * kSubTiles;      // one full/empty mbarrier pair per slot
+constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half the tokens of S and half of O
+constexpr int kProducerThreads = 128; // one more warpgroup gathers Q and the KV tiles with cp.async
+constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;
+constexpr int kProducerRegs = 40;     // setmaxnreg budgets: 40 x 128 + 232 x 256 <= 65536
+constexpr int kMathRegs = 232;
 
 constexpr int kChunkElems = 8;        // 16-byte copy chunk, in 16-bit elements
 constexpr int kChunksPerRow = kHeadDimK / kChunkElems;  // 72
-constexpr int kThreadsPerRow = 8;     // threads that copy one 1152-byte token row together
+constexpr int kThreadsPerRow = 8;     // producer threads that copy one 1152-byte Q row together
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kHeadDimK % 64 == 0, "576 must tile into 64-column swizzle atoms");
 static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of S");
+static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,
+              "each math warpgroup reads V from 4 latent sub-tiles");
+static_assert(kProducerRegs * kProducerThreads + kMathRegs * 128 * kNumWarpgroups <= 65536, "register file");
 
 }  // namespace mla

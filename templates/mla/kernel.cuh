@@ -8,16 +8,25 @@
 // max is still -inf subtracts 0, so no inf - inf can appear; KV rows past the split are zero in shared
 // memory, so a NaN in an unused cache slot never meets a zero probability.
 //
-// Structure per CTA (256 threads = 2 warpgroups, both compute):
-//   - all threads gather KV tokens through block_table with 16-byte cp.async into a 2-stage ring;
-//   - warpgroup w computes S for tokens [32w, 32w+32) of the tile with wgmma (SS);
+// Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
+//   - warpgroup 0 (producer, 40 registers) gathers Q once and then the KV tiles through block_table
+//     with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each sub-tile slot has
+//     a "full" mbarrier (the copies landed) and an "empty" one (every math warp finished reading it),
+//     so loads for tile t+2 start as soon as the sub-tiles of tile t they overwrite are released;
+//   - math warpgroup w (232 registers) computes S for tokens [32w, 32w+32) of the tile with wgmma (SS),
+//     starting on each 64-column sub-tile as soon as it lands;
 //   - the row max is exchanged through shared memory, P (16-bit) is written to shared memory;
-//   - warpgroup w accumulates O[:, 256w : 256w+256] += P V with wgmma (SS), V read from the same tile.
+//   - math warpgroup w accumulates O[:, 256w : 256w+256] += P V with wgmma (SS), V read from the same
+//     tile, without waiting: P V of tile t runs on the tensor cores while S of tile t+1 is issued;
+//     O is rescaled only when a row max moved;
+//   - a warpgroup releases the RoPE sub-tile and the other half's latent sub-tiles right after S, and
+//     its own half's once its P V completed.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
 #include "abi.h"
@@ -31,6 +40,9 @@ using namespace cute;
 // ---------------------------------------------------------------------------------------------
 // Small device helpers.
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
 }
@@ -39,12 +51,23 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
-__device__ __forceinline__ void store_zero_16(uint32_t smem_addr) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_addr), "r"(0));
+// 16-byte copy that writes zeros and reads nothing when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+// The mbarrier receives one arrival once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)));
 }
+// Barrier `id` (1..15) over the 256 math threads only; the producer never takes part.
+__device__ __forceinline__ void math_barrier(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups));
+}
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
+  cutlass::arch::ClusterBarrier::wait(bar, uint32_t(parity));
+}
+__device__ __forceinline__ void arrive_barrier(uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
 
 template <class Element>
 __device__ __forceinline__ uint32_t pack2(float a, float b);
@@ -113,65 +136,97 @@ __host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits
 }
 
 // ---------------------------------------------------------------------------------------------
-// Global -> shared copies. Eight threads copy one 1152-byte row (9 chunks of 16 bytes each), so a
-// warp moves four rows with 128-byte contiguous segments per instruction.
+// The producer warpgroup: global -> shared copies, all 16-byte cp.async.
 
+// Q block: eight producer threads copy one 1152-byte row (9 chunks each), 16 rows per pass.
 template <class Element, int NUM_HEADS>
-__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int tid) {
-  const int sub = tid % kThreadsPerRow;
+__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+  const int sub = ptid % kThreadsPerRow;
+  constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
-  for (int pass = 0; pass < kBlockM / (kNumThreads / kThreadsPerRow); ++pass) {
-    const int row = pass * (kNumThreads / kThreadsPerRow) + tid / kThreadsPerRow;
+  for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
     const int grow = m_block * kBlockM + row;
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
     const bool valid = qi < a.q_len && h < a.num_heads;
-    const char* nope = static_cast<const char*>(a.q_nope) +
-                       (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
-                        int64_t(h) * a.q_nope_stride_head) * int64_t(sizeof(Element));
-    const char* pe = static_cast<const char*>(a.q_pe) +
-                     (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
-                      int64_t(h) * a.q_pe_stride_head) * int64_t(sizeof(Element));
+    const char* nope = static_cast<const char*>(a.q_nope);
+    const char* pe = static_cast<const char*>(a.q_pe);
+    if (valid) {
+      nope += (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
+               int64_t(h) * a.q_nope_stride_head) * int64_t(sizeof(Element));
+      pe += (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
+             int64_t(h) * a.q_pe_stride_head) * int64_t(sizeof(Element));
+    }
     CUTE_UNROLL
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
       const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kBlockM);
-      if (valid) {
-        const char* src = c < kKvLoraRank / kChunkElems ? nope + c * 16 : pe + (c - kKvLoraRank / kChunkElems) * 16;
-        cp_async_16(dst, src);
-      } else {
-        store_zero_16(dst);
-      }
+      const char* src = c < kKvLoraRank / kChunkElems ? nope + (valid ? c * 16 : 0)
+                                                       : pe + (valid ? (c - kKvLoraRank / kChunkElems) * 16 : 0);
+      cp_async_16_zfill(dst, src, valid);  // padding rows: zeros
     }
   }
 }
 
-template <class Element, int PAGE_SIZE>
-__device__ __forceinline__ void load_kv_tile(Element* skv, const MlaDecodeArgs& a, int b, int tile_start,
-                                             int kv_end, int tid) {
-  const int sub = tid % kThreadsPerRow;
+// The whole producer: Q, then every KV tile of [kv_begin, kv_end) sub-tile by sub-tile. Eight
+// threads share a 128-byte row segment of a sub-tile (one 16-byte chunk each), so every warp
+// instruction reads 4 full 128-byte lines; a thread owns the tile's rows ptid / 8 + 16 j (j < 4),
+// whose pages are looked up one tile ahead. Rows past kv_end are zero-filled (zeros, so 0 * V never
+// meets a NaN left in an unused cache slot).
+template <class Element, int NUM_HEADS, int PAGE_SIZE>
+__device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDecodeArgs& a, int b, int m_block,
+                                        int kv_begin, int kv_end, int num_tiles, int ptid) {
+  load_q_block<Element, NUM_HEADS>(s.q, a, b, m_block, ptid);
+  cp_async_arrive_noinc(&s.q_full);
+
+  constexpr int kRowsPerPass = kProducerThreads / 8;  // 16
+  constexpr int kPasses = kBlockN / kRowsPerPass;     // 4
+  const int sub = ptid % 8;      // 16-byte chunk within the 128-byte segment
+  const int n0 = ptid / 8;       // first token row; rows n0 + 16 j
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  CUTE_UNROLL
-  for (int pass = 0; pass < kBlockN / (kNumThreads / kThreadsPerRow); ++pass) {
-    const int n = pass * (kNumThreads / kThreadsPerRow) + tid / kThreadsPerRow;
-    const int token = tile_start + n;
-    const char* src = nullptr;
-    if (token < kv_end) {
-      const int64_t page = table[token / PAGE_SIZE];
-      src = static_cast<const char*>(a.kv_cache) +
-            (page * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token) * int64_t(sizeof(Element));
+  const char* cache = static_cast<const char*>(a.kv_cache);
+  // Shared-memory destination of this thread's chunk of row n0 + 16 j in sub-tile 0 (sub-tile c adds
+  // c * 8 KiB); (n0 + 16 j) & 7 == n0 & 7, so the swizzled chunk is the same for every j.
+  const uint32_t chunk_dst = uint32_t(n0 >> 3) * 1024u + uint32_t(n0 & 7) * 128u + uint32_t((sub ^ (n0 & 7)) * 16);
+
+  int32_t page[kPasses], next_page[kPasses];
+  auto lookup = [&](int t, int32_t (&pg)[kPasses]) {
+    CUTE_UNROLL
+    for (int j = 0; j < kPasses; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + kRowsPerPass * j;
+      pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
+    }
+  };
+  lookup(0, page);
+  for (int t = 0; t < num_tiles; ++t) {
+    if (t + 1 < num_tiles) lookup(t + 1, next_page);
+    const char* src[kPasses];
+    CUTE_UNROLL
+    for (int j = 0; j < kPasses; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + kRowsPerPass * j;
+      src[j] = page[j] >= 0 ? cache + (int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token) *
+                                          int64_t(sizeof(Element)) + sub * 16
+                            : cache;
+    }
+    const int stage = t % kStages;
+    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
+    const uint32_t stage_dst = smem_u32(s.kv[stage]) + chunk_dst;
+    CUTE_UNROLL
+    for (int c = 0; c < kSubTiles; ++c) {
+      const int slot = stage * kSubTiles + c;
+      wait_barrier(&s.kv_empty[slot], empty_parity);
+      CUTE_UNROLL
+      for (int j = 0; j < kPasses; ++j) {
+        cp_async_16_zfill(stage_dst + uint32_t(c) * 8192u + uint32_t(j) * 2048u,
+                          src[j] + (page[j] >= 0 ? c * 128 : 0), page[j] >= 0);
+      }
+      cp_async_arrive_noinc(&s.kv_full[slot]);
     }
     CUTE_UNROLL
-    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
-      const int c = sub + k * kThreadsPerRow;
-      const uint32_t dst = smem_u32(skv) + swizzled_offset(n, c * kChunkElems, kBlockN);
-      if (src != nullptr) {
-        cp_async_16(dst, src + c * 16);
-      } else {
-        store_zero_16(dst);  // keys past the split: zeros, so 0 * V can never be NaN
-      }
-    }
+    for (int j = 0; j < kPasses; ++j) page[j] = next_page[j];
   }
+  cp_async_wait<0>();  // do not retire while copies are in flight
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,11 +281,6 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   SharedStorage<Element>& s = *reinterpret_cast<SharedStorage<Element>*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
-  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  const int tid_wg = tid % 128;
-  const int lane = tid % 32;
-  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
   const int m_block = blockIdx.x % p.num_m_blocks;
   const int b = blockIdx.x / p.num_m_blocks;
   const int split = blockIdx.y;
@@ -244,6 +294,31 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   split_range(seq_len, a.num_kv_splits, split, kv_begin, kv_end);
   const int num_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
 
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
+    CUTE_UNROLL
+    for (int i = 0; i < kRingSlots; ++i) {
+      cutlass::arch::ClusterBarrier::init(&s.kv_full[i], kProducerThreads);
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[i], 4 * kNumWarpgroups);  // one arrival per math warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < kProducerThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (num_tiles > 0) produce<Element, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
+
+  const int tid = threadIdx.x - kProducerThreads;
+  const int wg = tid / 128;
+  const int tid_wg = tid % 128;
+  const int lane = tid % 32;
+  const bool warp_leader = lane == 0;
+  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+
   // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
   int key_limit[2];
   CUTE_UNROLL
@@ -254,6 +329,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
 
   typename L::TiledMmaS mma_s;
   typename L::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O starts cleared and only ever accumulates
   auto thr_s = mma_s.get_thread_slice(tid_wg);
   auto thr_o = mma_o.get_thread_slice(tid_wg);
   Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
@@ -262,30 +338,56 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   float l_run[2] = {0.f, 0.f};
 
   if (num_tiles > 0) {
-    load_q_block<Element, NUM_HEADS>(s.q, a, b, m_block, tid);
-    load_kv_tile<Element, PAGE_SIZE>(s.kv[0], a, b, kv_begin, kv_end, tid);
-    cp_async_commit();
-    if (num_tiles > 1) load_kv_tile<Element, PAGE_SIZE>(s.kv[1], a, b, kv_begin + kBlockN, kv_end, tid);
-    cp_async_commit();
-
     Tensor sQ = make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{});
     Tensor sP = make_tensor(make_smem_ptr(s.p), typename L::SmemLayoutP{});
     Tensor tSrQ = thr_s.partition_fragment_A(sQ);
     Tensor tOrP = thr_o.partition_fragment_A(sP);
+    constexpr int kKStepsPerSubTile = kSubTileCols / 16;
+    wait_barrier(&s.q_full, 0);
 
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kStages;
+      const int full_parity = (t / kStages) & 1;
       const int tile_start = kv_begin + t * kBlockN;
-      cp_async_wait<1>();
-      cutlass::arch::fence_view_async_shared();  // cp.async / st.shared writes -> wgmma reads
-      __syncthreads();
+      uint64_t* empty = &s.kv_empty[stage * kSubTiles];
 
-      // S = Q K^T for this warpgroup's 32 tokens.
+      // S = Q K^T for this warpgroup's 32 tokens, each 64-column slice as soon as it lands.
       Tensor sK = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutKV{});
       Tensor sKw = local_tile(sK, Shape<Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>{}, make_coord(wg, 0));
       Tensor tSrK = thr_s.partition_fragment_B(sKw);
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>>{});
-      warpgroup_gemm(mma_s, tSrQ, tSrK, tSrS, /*zero_init=*/true);
+      fence_fragment(tSrS);
+      warpgroup_arrive();
+      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int c = 0; c < kSubTiles; ++c) {
+        wait_barrier(&s.kv_full[stage * kSubTiles + c], full_parity);
+        cutlass::arch::fence_view_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
+        CUTE_UNROLL
+        for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
+          cute::gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+          mma_s.accumulate_ = GMMA::ScaleOut::One;
+        }
+      }
+      warpgroup_commit_batch();
+      if (t > 0) {
+        // P V of the previous tile (issued before this S, so it completes first) is done: its
+        // V slices, this warpgroup's half of the other stage, may be refilled.
+        warpgroup_wait<1>();
+        fence_fragment(tOrO);
+        if (warp_leader) {
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) arrive_barrier(&s.kv_empty[(1 - stage) * kSubTiles + 4 * wg + j]);
+        }
+      }
+      warpgroup_wait<0>();
+      fence_fragment(tSrS);
+      // This warpgroup no longer reads the RoPE slice nor the other half's latent slices.
+      if (warp_leader) {
+        arrive_barrier(&empty[kSubTiles - 1]);
+        CUTE_UNROLL
+        for (int j = 0; j < 4; ++j) arrive_barrier(&empty[4 * (1 - wg) + j]);
+      }
 
       // Scale, mask, and the partial row max over this warpgroup's tokens. Accumulator element i
       // of a 64xN wgmma tile is row row0 + 8*((i>>1)&1), column (i>>2)*8 + 2*(lane%4) + (i&1).
@@ -302,14 +404,15 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       for (int r = 0; r < 2; ++r) {
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-        if (lane % 4 == 0) s.row_max[wg][row0 + 8 * r] = tile_max[r];
+        if (lane % 4 == 0) s.row_stat[wg][row0 + 8 * r] = tile_max[r];
       }
-      __syncthreads();
+      // Both warpgroups' maxima are visible, and both finished the previous tile's P V (so P is free).
+      math_barrier(1);
 
       float alpha[2], m_sub[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m_run[r], fmaxf(s.row_max[0][row0 + 8 * r], s.row_max[1][row0 + 8 * r]));
+        const float m_new = fmaxf(m_run[r], fmaxf(s.row_stat[0][row0 + 8 * r], s.row_stat[1][row0 + 8 * r]));
         // While a row has seen no visible key its max is -inf: subtract 0 instead, so that
         // exp2(-inf - 0) = 0 and no -inf - (-inf) = NaN can appear.
         m_sub[r] = m_new == -INFINITY ? 0.f : m_new;
@@ -327,37 +430,42 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
         *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(s.p) + swizzled_offset(row0 + 8 * r, col, kBlockM)) =
             pack2<Element>(p0, p1);
       }
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i >> 1) & 1];
+      // Rescale O only when some row's max moved (once the max settles, most tiles skip this).
+      if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i >> 1) & 1];
+      }
       cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
-      __syncthreads();
+      // P is complete, and both warpgroups have read the row maxima (row_stat may be rewritten).
+      math_barrier(2);
 
       // O[:, 256 wg : 256 wg + 256] += P V.
       Tensor sVt = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutVt{});
       Tensor sVw = local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0));
       Tensor tOrV = thr_o.partition_fragment_B(sVw);
-      warpgroup_gemm(mma_o, tOrP, tOrV, tOrO, /*zero_init=*/false);
-      __syncthreads();  // everyone is done with this stage, P and row_max
-
-      if (t + kStages < num_tiles) {
-        load_kv_tile<Element, PAGE_SIZE>(s.kv[stage], a, b, tile_start + kStages * kBlockN, kv_end, tid);
-      }
-      cp_async_commit();
+      // Issued without waiting: it runs on the tensor cores while the next tile's S is issued.
+      fence_fragment(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+      warpgroup_commit_batch();
     }
+    warpgroup_wait<0>();
+    fence_fragment(tOrO);
   }
 
-  // Combine the two warpgroups' partial row sums.
+  // Combine the two warpgroups' partial row sums (row_stat is free: everyone passed barrier 2).
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
-    if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
+    if (lane % 4 == 0) s.row_stat[wg][row0 + 8 * r] = l_run[r];
   }
-  __syncthreads();
+  math_barrier(1);
   float inv_sum[2], lse[2];
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
+    const float l = s.row_stat[0][row0 + 8 * r] + s.row_stat[1][row0 + 8 * r];
     // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
     inv_sum[r] = l > 0.f ? 1.f / l : 0.f;
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;

@@ -42,13 +42,18 @@ struct KernelLayouts {
                            GMMA::Major::K, GMMA::Major::MN>()));
 };
 
+// 72 KiB Q + 2 x 72 KiB KV ring + 8 KiB P + row statistics and barriers: 226 KiB, one CTA per SM.
+// Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64 tokens) is the contiguous 8 KiB at
+// byte offset c * 8192, because the swizzle atoms are laid out column-block-major.
 template <class Element>
 struct SharedStorage {
   alignas(1024) Element q[kBlockM * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   alignas(1024) Element p[kBlockM * kBlockN];
-  float row_max[kNumWarpgroups][kBlockM];
-  float row_sum[kNumWarpgroups][kBlockM];
+  float row_stat[kNumWarpgroups][kBlockM];  // per-warpgroup partial row max each tile; row sums at the end
+  uint64_t q_full;                          // Q has landed (producer threads' cp.async arrive)
+  uint64_t kv_full[kRingSlots];             // slot stage * kSubTiles + c has landed
+  uint64_t kv_empty[kRingSlots];            // every math warp is done reading the slot
 };
 
 // Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple
