@@ -50,12 +50,13 @@ import torch  # noqa: E402
 
 from mla_variants import (LibraryNotBuiltError, MLADecodePlan, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
                           mla_decode, mla_decode_reference, workspace_size)
-from mla_variants.testing import compare  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, compare  # noqa: E402
 
 HEAD_DIM = 576        # kv_lora_rank 512 + qk_rope_head_dim 64
 V_DIM = 512
 SOFTMAX_SCALE = (128 + 64) ** -0.5
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}  # the cache dtype
+K_SCALE = 0.5  # fp8 mode: the cache holds real / K_SCALE (q and out bf16)
 DEFAULT_CEILINGS = {"read_tbps": 4.463, "bf16_matmul_tflops": 785.9}
 FLUSH_BYTES = 512 << 20
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock, queued after each flush (see L2Flush)
@@ -101,7 +102,12 @@ def load_cases(args) -> tuple[list[dict], dict, str | None]:
     if path.is_file():
         data = json.loads(path.read_text())
         cases = []
+        # A file of several modes (anchors-h200-modes.json) keeps the cases of --mode, by default the
+        # one matching --dtype at q_len 1 (fp8_q1 for fp8_e4m3, else bf16_q1).
+        mode = args.mode or ("fp8_q1" if args.dtype == "fp8_e4m3" else "bf16_q1")
         for c in data["cases"]:
+            if "mode" in c and c["mode"] != mode:
+                continue
             c = dict(c)
             c.setdefault("seq_lens", [c["seq_mean"]] * c["batch"])
             cases.append(c)
@@ -168,7 +174,16 @@ def build_inputs(pool: KVPool, seq_lens: list[int], num_heads: int, page_size: i
     batch = len(seq_lens)
 
     kv = pool.view(num_pages, page_size, dtype)
-    kv.normal_(0.0, 0.1, generator=gen)
+    fp8 = dtype == torch.float8_e4m3fn
+    if fp8:  # real N(0, 0.1^2) values stored as real / K_SCALE, written in chunks through bf16
+        flat = kv.view(-1, HEAD_DIM)
+        for start in range(0, flat.shape[0], 1 << 20):
+            chunk = flat[start:start + (1 << 20)]
+            chunk.copy_(torch.empty(chunk.shape, dtype=torch.bfloat16, device=device).normal_(0.0, 0.1 / K_SCALE, generator=gen))
+    else:
+        kv.normal_(0.0, 0.1, generator=gen)
+    nan_of = (lambda t: t.view(torch.uint8)) if fp8 else (lambda t: t)
+    nan = 0x7F if fp8 else float("nan")  # the e4m3 NaN byte
     perm = torch.randperm(num_pages, device=device, generator=gen)
 
     pages_dev = pages_per.to(device)
@@ -180,16 +195,17 @@ def build_inputs(pool: KVPool, seq_lens: list[int], num_heads: int, page_size: i
     del idx, in_use
 
     # Poison: the extra pages, and the tail of each request's last page.
-    kv[perm[used_pages:]] = float("nan")
+    nan_of(kv)[perm[used_pages:]] = nan
     rem = (lens % page_size).to(device)
     has_tail = (rem > 0) & (pages_dev > 0)
     if bool(has_tail.any()):
         last = block_table.gather(1, (pages_dev - 1).clamp(min=0)[:, None]).squeeze(1).long()
         slot = torch.arange(page_size, device=device)
         tail = has_tail[:, None] & (slot[None, :] >= rem[:, None])
-        kv[last[:, None].expand(batch, page_size)[tail], slot.expand(batch, page_size)[tail]] = float("nan")
+        nan_of(kv)[last[:, None].expand(batch, page_size)[tail], slot.expand(batch, page_size)[tail]] = nan
 
-    q = torch.empty(batch, q_len, num_heads, HEAD_DIM, dtype=dtype, device=device).normal_(0.0, 0.1, generator=gen)
+    q_dtype = torch.bfloat16 if fp8 else dtype
+    q = torch.empty(batch, q_len, num_heads, HEAD_DIM, dtype=q_dtype, device=device).normal_(0.0, 0.1, generator=gen)
     return dict(q=q, kv_cache=kv, block_table=block_table,
                 seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device))
 
@@ -297,9 +313,10 @@ def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
         idx = torch.arange(batch, device=lens.device)
     else:
         idx = torch.linspace(0, batch - 1, CHECK_SUBSET, device=lens.device).round().long().unique()
+    fp8 = inputs["kv_cache"].dtype == torch.float8_e4m3fn
     ref_out, ref_lse = mla_decode_reference(inputs["q"][idx], inputs["kv_cache"], inputs["block_table"][idx],
-                                            lens[idx], SOFTMAX_SCALE)
-    return compare(out[idx], lse[idx], ref_out, ref_lse)
+                                            lens[idx], SOFTMAX_SCALE, k_scale=K_SCALE if fp8 else None)
+    return compare(out[idx], lse[idx], ref_out, ref_lse, **(FP8_TOLERANCE if fp8 else {}))
 
 
 def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
@@ -319,13 +336,14 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     batch = len(seq_lens)
     inputs = build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
     device = inputs["q"].device
-    out = torch.empty(batch, q_len, heads, V_DIM, dtype=dtype, device=device)
+    out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
+    k_scale = K_SCALE if dtype == torch.float8_e4m3fn else None
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
     ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
 
     def call():
         mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                   num_kv_splits=splits, out=out, lse=lse, workspace=ws)
+                   num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
 
     row: dict = {"num_kv_splits": splits}
     if args.check:
@@ -337,9 +355,10 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     return row
 
 
-def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict) -> None:
+def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict, q_elem: int | None = None) -> None:
+    """elem: bytes per KV element (1 for fp8); q_elem: bytes per q / out element (default elem)."""
     heads, batch, tokens = case["num_heads"], len(case["seq_lens"]), sum(case["seq_lens"])
-    nbytes = tokens * HEAD_DIM * elem + batch * q_len * heads * (HEAD_DIM + V_DIM) * elem
+    nbytes = tokens * HEAD_DIM * elem + batch * q_len * heads * (HEAD_DIM + V_DIM) * (q_elem or elem)
     flops = 2 * tokens * heads * q_len * (HEAD_DIM + V_DIM)
     t = row["cold_us"] * 1e-6
     row["tbps"] = nbytes / t / 1e12
@@ -441,7 +460,9 @@ def parse_args(argv=None):
                    help="only ragged (--ragged) or only uniform (--no-ragged) batches; default both")
     p.add_argument("--limit", type=int, help="run at most N cases (after filtering)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                   help="q / cache / out dtype (the peers were measured in bf16)")
+                   help="cache dtype: bf16/fp16 (q and out alike) or fp8_e4m3 (q and out bf16, k_scale 0.5; "
+                        "TB/s counts 1 byte per KV element; peers from the fp8_q1 cases of anchors-h200-modes.json)")
+    p.add_argument("--mode", help="with a multi-mode anchors file: the mode to run (default fp8_q1 for fp8_e4m3, else bf16_q1)")
     p.add_argument("--num-kv-splits", type=int, help="force the split count (default: the library's heuristic)")
     p.add_argument("--reps", type=int, help="cold timed calls per case (default 50; 10 with --quick)")
     p.add_argument("--graph-replays", type=int, help=f"timed replays of the {GRAPH_CALLS}-call graph "
@@ -493,7 +514,7 @@ def main(argv=None) -> int:
           f"matmul {ceilings['bf16_matmul_tflops']} TFLOP/s; cold reps {args.reps}, graph replays "
           f"{args.graph_replays} x {GRAPH_CALLS} calls" + ("; checking against the fp32 reference" if args.check else ""),
           flush=True)
-    if args.dtype != "bf16" and anchors_path:
+    if args.dtype == "fp16" and anchors_path:
         print("note: the peer times were measured in bf16", flush=True)
 
     pool = KVPool(device)
@@ -505,7 +526,7 @@ def main(argv=None) -> int:
     # Host overhead, once: batch 1, 1024 tokens, at the first servable (heads, page) of the selection.
     first = next((c for c in cases if is_supported(c["num_heads"], c["page_size"], args.dtype)), None)
     overhead = None
-    if first is not None:
+    if first is not None and args.dtype != "fp8_e4m3":  # plans (part of the overhead table) take bf16/fp16 only
         small = dict(num_heads=first["num_heads"], page_size=first["page_size"], seq_lens=[1024])
         splits = case_splits(small, args, q_len, sm_count)
         if is_supported(small["num_heads"], small["page_size"], args.dtype, split=splits > 1):
@@ -547,7 +568,7 @@ def main(argv=None) -> int:
             continue
         row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
             not split and (heads, page, args.dtype, True) in compiled)
-        derived(case, row, dtype.itemsize, q_len, ceilings)
+        derived(case, row, dtype.itemsize, q_len, ceilings, q_elem=2 if args.dtype == "fp8_e4m3" else None)
         rec.update(row)
         results.append(rec)
         print_row(case, row)

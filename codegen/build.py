@@ -61,8 +61,8 @@ def find_nvcc() -> str:
 
 # ptxas -v lines, e.g. "Compiling entry function '_ZN3mla17mla_decode_kernelIN7cutlass10bfloat16_tELi16ELi64ELb1EEE...'"
 _ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla17mla_decode_kernelI[^']*)'")
-_MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t)ELi(\d+)ELi(\d+)ELb([01])E")
-_DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16"}
+_MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t|12float_e4m3_t)ELi(\d+)ELi(\d+)ELb([01])E")
+_DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16", "12float_e4m3_t": "fp8_e4m3"}
 _REGS_RE = re.compile(r"Used (\d+) registers")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/(mla_decode_[a-z0-9_]+)\.cu\.o")

@@ -9,13 +9,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: dtype token in variants.yaml -> (C++ element type, torch dtype name)
+#: dtype token in variants.yaml -> (C++ kv_cache element type, torch dtype name of the kv_cache).
+#: bf16 and fp16 variants take q and write out in the cache's dtype; fp8_e4m3 variants read a
+#: float8_e4m3fn cache with a per-tensor k_scale and take q / write out in bf16.
 DTYPES: dict[str, tuple[str, str]] = {
     "bf16": ("cutlass::bfloat16_t", "bfloat16"),
     "fp16": ("cutlass::half_t", "float16"),
+    "fp8_e4m3": ("cutlass::float_e4m3_t", "float8_e4m3fn"),
 }
 
-_NAME_RE = re.compile(r"^mla_decode_h(?P<h>[1-9][0-9]*)_p(?P<p>[1-9][0-9]*)_(?P<d>[a-z0-9]+)_(?P<s>split|nosplit)$")
+_NAME_RE = re.compile(r"^mla_decode_h(?P<h>[1-9][0-9]*)_p(?P<p>[1-9][0-9]*)_(?P<d>[a-z0-9]+(?:_[a-z0-9]+)*?)_(?P<s>split|nosplit)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -24,7 +27,8 @@ class Variant:
 
     num_heads: query heads the kernel is compiled for; calls with fewer heads mask the extra rows.
     page_size: KV-cache tokens per page (compile-time divisor of the block_table lookup).
-    dtype: "bf16" or "fp16" (q, kv_cache and out share it).
+    dtype: "bf16" or "fp16" (q, kv_cache and out share it), or "fp8_e4m3" (float8_e4m3fn kv_cache with a
+        per-tensor k_scale; q and out bf16).
     split: True when the kernel writes split-KV partials to a workspace and a combine kernel merges
         them; False when it writes out/lse directly (num_kv_splits must be 1).
     """

@@ -10,7 +10,7 @@ import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 2  # must equal MLA_ABI_VERSION in templates/mla/abi.h
 
 _i32, _i64, _vp, _f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
@@ -24,6 +24,7 @@ class MlaDecodeArgs(ctypes.Structure):
         ("q_nope", _vp), ("q_nope_stride_batch", _i64), ("q_nope_stride_token", _i64), ("q_nope_stride_head", _i64),
         ("q_pe", _vp), ("q_pe_stride_batch", _i64), ("q_pe_stride_token", _i64), ("q_pe_stride_head", _i64),
         ("kv_cache", _vp), ("kv_stride_page", _i64), ("kv_stride_token", _i64),
+        ("k_scale", _f32), ("k_scale_ptr", _vp),
         ("block_table", _vp), ("block_table_stride", _i64), ("seq_lens", _vp),
         ("softmax_scale", _f32),
         ("out", _vp), ("out_stride_batch", _i64), ("out_stride_token", _i64), ("out_stride_head", _i64),

@@ -28,7 +28,10 @@ MAX_KV_SPLITS = 256
 BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
 BLOCK_M = 64  # query rows per CTA
 
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
+_KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
 _MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
 
 
@@ -122,11 +125,54 @@ class _Call:
 
     __slots__ = ("batch", "q_len", "num_heads", "page_size", "dtype", "device_index", "qn_ptr", "qn_st", "qp_ptr",
                  "qp_st", "kv_ptr", "kv_st", "bt_ptr", "bt_st", "max_pages", "sl_ptr", "scale", "out", "lse",
-                 "kv_cache", "block_table", "seq_lens")
+                 "kv_cache", "block_table", "seq_lens", "key_dtype", "k_scale", "k_scale_ptr", "k_scale_tensor")
 
     @property
     def device(self) -> torch.device:
         return torch.device("cuda", self.device_index)
+
+
+def _set_scale(c: _Call, kv_cache, k_scale) -> None:
+    """The dispatch dtype token and the k_scale fields of the launch (already validated)."""
+    if kv_cache.dtype is FP8_DTYPE:
+        c.key_dtype = FP8_KEY
+        if type(k_scale) is torch.Tensor:
+            c.k_scale, c.k_scale_ptr, c.k_scale_tensor = 0.0, k_scale.data_ptr(), k_scale
+        else:
+            c.k_scale, c.k_scale_ptr, c.k_scale_tensor = float(k_scale), 0, None
+    else:
+        c.key_dtype, c.k_scale, c.k_scale_ptr, c.k_scale_tensor = _DTYPES[c.dtype], 0.0, 0, None
+
+
+def _k_scale_ok_fast(k_scale, dev: int) -> bool:
+    if type(k_scale) is float:
+        return 0.0 < k_scale < math.inf
+    return (type(k_scale) is torch.Tensor and k_scale.dtype is torch.float32 and k_scale.numel() == 1
+            and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0)
+
+
+def _check_k_scale(k_scale, kv_cache, device) -> None:
+    """k_scale must come with an fp8 cache, and only with one: a positive finite float, or a 1-element
+    float32 tensor on the cache's device (read by the kernel, so a CUDA graph sees it change)."""
+    if kv_cache.dtype is not FP8_DTYPE:
+        if k_scale is not None:
+            _fail("k_scale", f"None for a {kv_cache.dtype} kv_cache (k_scale dequantizes float8_e4m3fn caches only)",
+                  repr(k_scale))
+        return
+    if k_scale is None:
+        _fail("k_scale", "the dequantization scale of the float8_e4m3fn kv_cache (cache value x k_scale = real value)",
+              "None")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype is not torch.float32 or k_scale.numel() != 1 or k_scale.device != device:
+            _fail("k_scale", f"a positive float or a 1-element float32 tensor on {device}",
+                  f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)} on {k_scale.device}")
+        return
+    try:
+        ok = not isinstance(k_scale, bool) and isinstance(k_scale, (int, float)) and 0.0 < float(k_scale) < math.inf
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        _fail("k_scale", "a positive finite float or a 1-element float32 tensor", repr(k_scale))
 
 
 def _fill(c: _Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, dev: int) -> _Call:
@@ -141,7 +187,7 @@ def _fill(c: _Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale
     return c
 
 
-def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) -> _Call | None:
+def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale=None) -> _Call | None:
     """The common, valid call checked with a few cheap attribute reads; None sends the call through
     :func:`_validate`, which re-checks everything and raises the precise error (or accepts an unusual
     but valid layout, e.g. an odd stride on a size-1 dimension)."""
@@ -167,7 +213,12 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) 
             return None
         ks, kst = kv_cache.shape, kv_cache.stride()
         bs, bst = block_table.shape, block_table.stride()
-        if (len(ks) != 3 or ks[2] != HEAD_DIM or ks[0] < 1 or ks[1] < 1 or kv_cache.dtype is not dtype
+        if kv_cache.dtype is FP8_DTYPE:  # 1-byte values: 16-element strides keep rows 16-byte aligned
+            if dtype is not torch.bfloat16 or kst[0] % 16 or kst[1] % 16 or not _k_scale_ok_fast(k_scale, dev):
+                return None
+        elif kv_cache.dtype is not dtype or k_scale is not None:
+            return None
+        if (len(ks) != 3 or ks[2] != HEAD_DIM or ks[0] < 1 or ks[1] < 1
                 or kv_cache.get_device() != dev or kst[2] != 1 or kst[0] % 8 or kst[1] % 8 or kst[0] < 0 or kst[1] < 0
                 or len(bs) != 2 or bs[0] != batch or bs[1] < 1 or bst[1] != 1 or bst[0] < 0
                 or block_table.dtype is not torch.int32 or block_table.get_device() != dev
@@ -200,17 +251,18 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse) 
         c.bt_ptr, c.bt_st, c.max_pages = block_table.data_ptr(), bst[0], bs[1]
         c.sl_ptr, c.scale, c.out, c.lse = seq_lens.data_ptr(), softmax_scale, out, lse
         c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
+        _set_scale(c, kv_cache, k_scale)
         return c
     except (TypeError, ValueError, AttributeError, IndexError):
         return None
 
 
-def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse) -> _Call:
+def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None) -> _Call:
     """Check every argument (raising MLAInputError naming it) and return the call; out/lse may stay None."""
     num_kv_splits_bad = num_kv_splits is not None and (
         isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= MAX_KV_SPLITS)
     if not num_kv_splits_bad:
-        fast = _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse)
+        fast = _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         if fast is not None:
             return fast
     # -- q ---------------------------------------------------------------------------------------
@@ -241,9 +293,13 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
         _fail("q", "num_heads (dim 2) >= 1", num_heads)
 
     # -- cache and metadata --------------------------------------------------------------------
-    _check_tensor("kv_cache", kv_cache, 3, dtype, device)
+    fp8 = isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is FP8_DTYPE
+    if fp8 and dtype is not torch.bfloat16:
+        _fail(q_arg[0], "bf16 with a float8_e4m3fn kv_cache (q and out are bf16)", dtype)
+    _check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
     if kv_cache.shape[-1] != HEAD_DIM:
         _fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    _check_k_scale(k_scale, kv_cache, device)
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     if num_pages < 1 or page_size < 1:
         _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
@@ -284,8 +340,10 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
     if batch:
         _check_layout(q_arg[0], q_nope, 8)
         _check_layout(q_arg[1], q_pe, 8)
-        _check_layout("kv_cache", kv_cache, 8)
-    return _fill(_Call(), q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, device.index)
+        _check_layout("kv_cache", kv_cache, 16 if fp8 else 8)
+    c = _fill(_Call(), q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, device.index)
+    _set_scale(c, kv_cache, k_scale)
+    return c
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -308,7 +366,7 @@ def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None
         c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits,
         c.qn_ptr + l.head_start * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
         c.qp_ptr + l.head_start * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
-        c.kv_ptr, c.kv_st[0], c.kv_st[1], c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
+        c.kv_ptr, c.kv_st[0], c.kv_st[1], c.k_scale, c.k_scale_ptr, c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
         o_ptr + l.head_start * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
         l_ptr + l.head_start * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
         ws_ptr, workspace_bytes, stream)) for l in launches]
@@ -335,7 +393,8 @@ def _check_workspace(workspace, need: int, device, what: str) -> None:
 
 def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
                *, num_kv_splits: int | None = None, max_seq_len: int | None = None, out: torch.Tensor | None = None,
-               lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False):
+               lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False,
+               k_scale=None):
     """One MLA decode step over a paged latent KV cache.
 
     Args:
@@ -345,6 +404,8 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         mask is causal and bottom-right aligned (query i sees the first seq_len - (q_len - 1 - i) keys).
       kv_cache: [num_pages, page_size, 576], q's dtype and device; K is the whole row, V its first 512
         values. Any page/token stride that is a multiple of 8 elements (a view into a larger buffer works).
+        Or float8_e4m3fn (fp8_e4m3 variants) with bf16 q: a cache value times k_scale is the real value
+        (write one with mla_variants.fp8.write_kv_cache); strides then multiples of 16 elements.
       block_table: [batch, max_pages_per_seq] int32; entries past a request's last page are never read.
       seq_lens: [batch] int32 on q's device; 0 is legal (out 0, lse -inf). A request whose seq_len is
         negative or exceeds max_pages_per_seq * page_size gets NaN out and lse (debug=True raises instead).
@@ -357,7 +418,11 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         and splits are used, one is allocated for this call.
       debug: check seq_lens and the used block_table entries against the cache before launching
         (a device-side check plus one synchronization).
-
+      k_scale: float8_e4m3fn caches only (required there): the per-tensor dequantization scale, a
+        positive finite float or a 1-element float32 tensor on the cache's device, which the kernel
+        reads at run time (so a captured CUDA graph follows its value; its value is not checked).
+        Scores use q . (cache x k_scale) and the output sums p x (cache x k_scale); the tensor cores
+        run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling).
     Returns:
       (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
 
@@ -366,7 +431,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       VariantNotCompiledError when no compiled variant serves (page_size, dtype); LibraryNotBuiltError
       when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
     """
-    c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse)
+    c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
         _fail("max_seq_len", "a positive int (an upper bound of seq_lens)", repr(max_seq_len))
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
@@ -395,7 +460,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
 def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
     """(launches, num_kv_splits): a forced split count must be served as asked; the heuristic's choice
     falls back to one split when the build has no split variant for this (page_size, dtype)."""
-    dtype = _DTYPES[c.dtype]
+    dtype = c.key_dtype
     if num_kv_splits is not None:
         return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
     bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
@@ -434,6 +499,6 @@ def list_variants() -> list[tuple[int, int, str, bool]]:
 
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
     """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
-    'bf16'/'fp16'; masked head counts and head groups count as served). Raises LibraryNotBuiltError
-    when nothing was built."""
-    return _table_supports(_binding.library().table, num_heads, page_size, _DTYPES.get(dtype, dtype), split)
+    'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache variants; masked head
+    counts and head groups count as served). Raises LibraryNotBuiltError when nothing was built."""
+    return _table_supports(_binding.library().table, num_heads, page_size, _KEY_OF.get(dtype, dtype), split)

@@ -14,7 +14,7 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _current_stream, _fail, _launch,
+from .api import (_DTYPES, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _current_stream, _fail, _launch,
                   _pack, _validate, workspace_size)
 
 _STREAM = struct.Struct("@Q")
@@ -63,6 +63,7 @@ class MLADecodePlan:
         shape = _Call()
         shape.batch, shape.num_heads, shape.q_len, shape.page_size, shape.dtype = max_batch, num_heads, q_len, page_size, dtype
         shape.device_index, shape.max_pages = self.device.index, -(-max_seq_len // page_size)
+        shape.key_dtype = _DTYPES[dtype]
         self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         if workspace is None:
@@ -103,6 +104,9 @@ class MLADecodePlan:
     def _check(self, q, kv_cache, block_table, seq_lens, softmax_scale, out, lse):
         if out is None or lse is None:
             _fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run allocates nothing)", None)
+        if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is FP8_DTYPE:
+            _fail("kv_cache", f"{self.dtype} (this plan's dtype; float8_e4m3fn caches are served by mla_decode, "
+                              "plans do not take them yet)", kv_cache.dtype)
         c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse)
         if (c.num_heads, c.page_size, c.q_len, c.dtype) != (self.num_heads, self.page_size, self.q_len, self.dtype):
             _fail("q/kv_cache", f"num_heads={self.num_heads}, page_size={self.page_size}, q_len={self.q_len}, "

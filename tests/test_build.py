@@ -10,6 +10,7 @@ import pytest
 
 from codegen.build import BuildError, find_nvcc, parse_resource_usage
 from codegen.render import ROOT
+from mla_variants import _binding
 
 
 def _nvcc_reason():
@@ -45,7 +46,7 @@ def test_build_links_loads_and_matches_manifest(ci_build):
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
-    assert lib.mla_variants_abi_version() == 1
+    assert lib.mla_variants_abi_version() == _binding.ABI_VERSION == 2
     for entry in manifest["variants"]:
         assert hasattr(lib, entry["name"]), entry["name"]
     from mla_variants._binding import Library
@@ -77,7 +78,7 @@ def test_list_prints_the_dispatch_table(ci_build):
 
 def test_cli_reports_config_errors(tmp_path):
     bad = tmp_path / "v.yaml"
-    bad.write_text((ROOT / "variants.yaml").read_text().replace("dtype: [bf16, fp16]", "dtype: [bf16, int4]"))
+    bad.write_text((ROOT / "variants.yaml").read_text().replace("dtype: [bf16, fp16, fp8_e4m3]", "dtype: [bf16, int4]"))
     p = _cli("generate", "--config", str(bad), "--generated-dir", str(tmp_path / "g"))
     assert p.returncode == 2 and "unknown dtype 'int4'" in p.stderr and f"{bad}:" in p.stderr
     p = _cli("generate", "--preset", "nope", "--generated-dir", str(tmp_path / "g"))

@@ -27,8 +27,8 @@ def test_repository_file_is_valid_and_complete():
     cfg = load_config(ROOT / "variants.yaml")
     assert cfg.axes["num_heads"] == (8, 16, 32, 64, 128)
     assert cfg.axes["page_size"] == (1, 16, 64, 128)
-    assert set(cfg.axes["dtype"]) == {"bf16", "fp16"} and cfg.axes["split"] == (False, True)
-    assert len(cfg.variants()) == 5 * 4 * 2 * 2
+    assert set(cfg.axes["dtype"]) == {"bf16", "fp16", "fp8_e4m3"} and cfg.axes["split"] == (False, True)
+    assert len(cfg.variants()) == 5 * 4 * 3 * 2
     for name in ("deepseek-v3-tp1", "deepseek-v3-tp8", "deepseek-v3-tp16", "deepseek-v2-lite", "kimi-k2", "ci"):
         assert name in cfg.presets
     assert {v.num_heads for v in cfg.presets["deepseek-v3-tp8"].variants()} == {16}

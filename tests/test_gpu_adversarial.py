@@ -23,7 +23,7 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _pick(split=None, dtype=None, min_page=1, largest_page=False, heads=None):
     """A compiled key (num_heads, page_size, dtype, split) matching the filters, else skip."""
     keys = [k for k in _binding.library().table
-            if (split is None or k[3] == split) and (dtype is None or k[2] == dtype) and k[1] >= min_page
+            if (split is None or k[3] == split) and (k[2] == dtype if dtype else k[2] in DT) and k[1] >= min_page
             and (heads is None or k[0] == heads)]
     if not keys:
         pytest.skip(f"no compiled variant with split={split} dtype={dtype} page>={min_page} heads={heads}")
@@ -204,7 +204,7 @@ def test_q_len_8_every_boundary_many_splits():
 
 
 def test_heads_above_largest_with_splits_and_q_len_3():
-    keys = [k for k in _binding.library().table if k[3]]
+    keys = [k for k in _binding.library().table if k[3] and k[2] in DT]
     if not keys:
         pytest.skip("no split variant")
     d, p = _pick(split=True)[2], _pick(split=True)[1]
@@ -293,7 +293,7 @@ def test_side_stream_and_cuda_graph():
 
 
 def test_page_size_1_long_and_odd_head_count():
-    keys = sorted((k for k in _binding.library().table if k[1] == 1), key=lambda k: (k[2] != "bf16", k[3]))
+    keys = sorted((k for k in _binding.library().table if k[1] == 1 and k[2] in DT), key=lambda k: (k[2] != "bf16", k[3]))
     if not keys:
         pytest.skip("no page_size 1 variant")
     d = keys[0][2]

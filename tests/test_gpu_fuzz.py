@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
-from mla_variants.testing import compare, make_paged_case  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case  # noqa: E402
 
 NUM_CASES = int(os.environ.get("MLA_FUZZ_CASES", "3000"))
 
@@ -38,15 +38,18 @@ def run_case(seed: int, table) -> list[str]:
     pages = sorted({k[1] for k in table})
     dtypes = sorted({k[2] for k in table})
     page = rng.choice(pages)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[rng.choice(dtypes)]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}[rng.choice(dtypes)]
+    fp8 = dtype == torch.float8_e4m3fn
+    k_scale = rng.choice([0.0625, 1.0, 37.5]) if fp8 else None
     num_heads = rng.choice([1, 2, 3, 8, 16, 20, 32, 64, 100, 128, 160, rng.randint(1, 160)])
     q_len = rng.choice([1, 1, 2, 3, 4, 8])
     batch = rng.randint(1, 6)
     splits = rng.choice([None, 1, 2, 3, 7, 32, 256])
     case = make_paged_case(_lens(rng, page, batch), num_heads, page, q_len, dtype,
                            generator=torch.Generator().manual_seed(seed), extra_pages=rng.randint(0, 4),
-                           max_pages=rng.randint(0, 40))
+                           max_pages=rng.randint(0, 40), k_scale=k_scale)
     q = case.q
+    dtype = q.dtype  # q and out: bf16 for an fp8 cache
     if rng.random() < 0.3:  # q as a strided view of a wider buffer
         wide = torch.zeros(*q.shape[:3], 576 + 64, dtype=dtype, device="cuda")
         wide[..., 64:] = q
@@ -54,11 +57,15 @@ def run_case(seed: int, table) -> list[str]:
     out = None
     if rng.random() < 0.3:
         out = torch.full((batch, q_len, num_heads, 512 + 128), float("nan"), dtype=dtype, device="cuda")[..., :512]
+    scale_arg = k_scale
+    if fp8 and rng.random() < 0.5:  # the scale as a device tensor
+        scale_arg = torch.tensor([k_scale], dtype=torch.float32, device="cuda")
     got_out, got_lse = mla_decode(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                                  num_kv_splits=splits, out=out)
-    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
-    problems = compare(got_out, got_lse, ref_out, ref_lse)
-    return [f"seed={seed} (page {page}, {dtype}, heads {num_heads}, q_len {q_len}, seq_lens {case.seq_lens.tolist()}, "
+                                  num_kv_splits=splits, out=out, k_scale=scale_arg)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                            k_scale=k_scale)
+    problems = compare(got_out, got_lse, ref_out, ref_lse, **(FP8_TOLERANCE if fp8 else {}))
+    return [f"seed={seed} (page {page}, {'fp8 k_scale ' + str(k_scale) if fp8 else dtype}, heads {num_heads}, q_len {q_len}, seq_lens {case.seq_lens.tolist()}, "
             f"splits {splits}): {p}" for p in problems]
 
 

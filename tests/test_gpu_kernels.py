@@ -18,7 +18,7 @@ DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _table():
     try:
         from mla_variants._binding import library
-        return sorted(library().table)
+        return sorted(k for k in library().table if k[2] in DTYPE)  # fp8 variants: tests/test_gpu_fp8.py
     except Exception:  # no build: the parametrized test is skipped ("got empty parameter set")
         return []
 

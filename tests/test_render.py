@@ -85,6 +85,6 @@ def test_filters():
     vs = _cfg().variants()
     assert {v.name for v in select(vs, ["h16_p64_bf16"])} == {"mla_decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_nosplit"}
     assert all(v.page_size == 1 for v in select(vs, ["_p1_*"]))
-    assert len(select(vs, ["h8_", "h128_"])) == 2 * 16
+    assert len(select(vs, ["h8_", "h128_"])) == 2 * 4 * 3 * 2  # 2 head counts x 4 pages x 3 dtypes x split
     assert select(vs, ["nothing"]) == []
     assert select(vs, None) == vs

@@ -33,7 +33,7 @@ def _err(**over):
      "q_pe: expected leading shape (2, 1, 16)"),
     (dict(q=(torch.zeros(2, 1, 16, 500, dtype=torch.bfloat16), torch.zeros(2, 1, 16, 64, dtype=torch.bfloat16))),
      "q_nope: expected last dimension 512 (kv_lora_rank)"),
-    (dict(kv_cache=torch.zeros(10, 64, 576, dtype=torch.float16)), "kv_cache: expected dtype torch.bfloat16, got torch.float16"),
+    (dict(kv_cache=torch.zeros(10, 64, 576, dtype=torch.float16)), "kv_cache: expected dtype torch.bfloat16 or torch.float8_e4m3fn, got torch.float16"),
     (dict(kv_cache=torch.zeros(10, 64, 512, dtype=torch.bfloat16)), "kv_cache: expected shape [num_pages, page_size, 576]"),
     (dict(kv_cache=torch.zeros(10, 64, 1, 576, dtype=torch.bfloat16)), "kv_cache: expected a 3-d tensor"),
     (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), "block_table: expected dtype torch.int32, got torch.int64"),
@@ -102,3 +102,37 @@ def test_fake_ops_check_shapes():
         torch.ops.mla_variants.mla_decode(torch.empty(3, 2, 16, 7, **m), torch.empty(3, 2, 16, 64, **m),
                                           torch.empty(4, 64, 576, **m), torch.empty(3, 4, dtype=torch.int32, **m),
                                           torch.empty(3, dtype=torch.int32, **m), 0.1, 0)
+
+
+# -- fp8 caches: q must be bf16, k_scale must come with the fp8 cache and only with it ---------------
+_FP8 = torch.float8_e4m3fn
+
+
+def _err_fp8(k_scale, **over):
+    a = _args(**{"kv_cache": torch.zeros(10, 64, 576, dtype=_FP8), **over})
+    with pytest.raises(MLAInputError) as e:
+        mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], k_scale=k_scale)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("k_scale,over,words", [
+    (None, {}, "k_scale: expected the dequantization scale of the float8_e4m3fn kv_cache"),
+    (0.0, {}, "k_scale: expected a positive finite float or a 1-element float32 tensor, got 0.0"),
+    (-2.0, {}, "k_scale: expected a positive finite float"),
+    (float("nan"), {}, "k_scale: expected a positive finite float"),
+    (float("inf"), {}, "k_scale: expected a positive finite float"),
+    (True, {}, "k_scale: expected a positive finite float"),
+    ("0.5", {}, "k_scale: expected a positive finite float"),
+    (torch.ones(2), {}, "k_scale: expected a positive float or a 1-element float32 tensor on cpu, got a torch.float32 tensor of shape (2,)"),
+    (torch.ones(1, dtype=torch.float64), {}, "k_scale: expected a positive float or a 1-element float32 tensor"),
+    (0.5, dict(q=torch.zeros(2, 1, 16, 576, dtype=torch.float16)),
+     "q: expected bf16 with a float8_e4m3fn kv_cache (q and out are bf16), got torch.float16"),
+])
+def test_fp8_input_errors(k_scale, over, words):
+    assert words in _err_fp8(k_scale, **over)
+
+
+def test_k_scale_only_with_fp8_cache():
+    a = _args()
+    with pytest.raises(MLAInputError, match=r"k_scale: expected None for a torch.bfloat16 kv_cache"):
+        mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], k_scale=0.5)

@@ -18,10 +18,14 @@ def test_name_round_trip_for_every_default_variant():
 def test_name_spelling():
     assert Variant(16, 64, "bf16", True).name == "mla_decode_h16_p64_bf16_split"
     assert Variant(128, 1, "fp16", False).name == "mla_decode_h128_p1_fp16_nosplit"
+    assert Variant(16, 64, "fp8_e4m3", True).name == "mla_decode_h16_p64_fp8_e4m3_split"
+    assert Variant.from_name("mla_decode_h16_p64_fp8_e4m3_split") == Variant(16, 64, "fp8_e4m3", True)
+    assert Variant(16, 64, "fp8_e4m3", True).cpp_type == "cutlass::float_e4m3_t"
 
 
 @pytest.mark.parametrize("bad", ["mla_decode_h16_p64_bf16", "mla_decode_h0_p64_bf16_split", "mla_decode_h16_p64_fp8_split",
-                                 "decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_split_x"])
+                                 "decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_split_x",
+                                 "mla_decode_h16_p64_fp8_e5m2_split", "mla_decode_h16_p64__split"])
 def test_bad_names_are_rejected(bad):
     with pytest.raises(ValueError, match="variant name"):
         Variant.from_name(bad)

@@ -7,7 +7,7 @@
 #pragma once
 #include <stdint.h>
 
-#define MLA_ABI_VERSION 1
+#define MLA_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,9 +28,12 @@ typedef struct MlaDecodeArgs {
   const void* q_pe;
   int64_t q_pe_stride_batch, q_pe_stride_token, q_pe_stride_head;
 
-  // kv_cache [num_pages, page_size, 576], last dimension contiguous.
+  // kv_cache [num_pages, page_size, 576], last dimension contiguous; bf16/fp16 like q, or fp8 e4m3
+  // (then q and out are bf16 and a cache value times k_scale is the real value).
   const void* kv_cache;
   int64_t kv_stride_page, kv_stride_token;
+  float k_scale;               // fp8 only: the dequantization scale, used when k_scale_ptr is null
+  const float* k_scale_ptr;    // fp8 only: device pointer to the scale (read by the kernel), or null
 
   const int32_t* block_table;  // [batch, max_pages_per_seq], row stride below, last dim contiguous
   int64_t block_table_stride;

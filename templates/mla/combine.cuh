@@ -15,7 +15,7 @@ namespace mla {
 constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns
 
 // Grid: one CTA per (request, query token, head) row.
-template <class Element>
+template <class Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
   const int64_t row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
   const int h = int(row % a.num_heads);
@@ -48,11 +48,11 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   }
   float inv = sum > 0.f ? 1.f / sum : 0.f;
   if (bad) inv = sum = __int_as_float(0x7fc00000);
-  Element* dst = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+  Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
                  int64_t(h) * a.out_stride_head + threadIdx.x * 4;
   uint2 packed;
-  packed.x = pack2<Element>(acc.x * inv, acc.y * inv);
-  packed.y = pack2<Element>(acc.z * inv, acc.w * inv);
+  packed.x = pack2<Out>(acc.x * inv, acc.y * inv);
+  packed.y = pack2<Out>(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(dst) = packed;
   if (threadIdx.x == 0) {
     a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =

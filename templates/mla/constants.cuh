@@ -10,10 +10,9 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
-constexpr int kStages = 2;            // tiles resident in the shared-memory ring
+constexpr int kStages = 2;            // tiles resident in the shared-memory ring (bf16 / fp16 caches)
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
-constexpr int kRingSlots = kStages * kSubTiles;      // one full/empty mbarrier pair per slot
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half the tokens of S and half of O
 constexpr int kProducerThreads = 128; // one more warpgroup gathers Q and the KV tiles with cp.async
 constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;

@@ -60,6 +60,26 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)));
 }
+// Barrier 4 over the 128 producer threads only (the fp8 staging tiles).
+__device__ __forceinline__ void producer_barrier() {
+  asm volatile("bar.sync 4, %0;\n" ::"n"(kProducerThreads) : "memory");
+}
+
+// Four e4m3 values (one 32-bit word, lowest byte first) -> four fp16 values (two words), exactly.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t v) {
+  uint2 r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(v));
+  return r;
+}
+// Two bf16 values (one word, lower element first) -> two fp16 values times kFp8QPrescale.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_prescaled(uint32_t v) {
+  __half2 h = __floats2half2_rn(__uint_as_float(v << 16) * kFp8QPrescale,
+                                __uint_as_float(v & 0xffff0000u) * kFp8QPrescale);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
 // Barrier `id` (1..15) over the 256 math threads only; the producer never takes part.
 __device__ __forceinline__ void math_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups));
@@ -229,10 +249,110 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
   cp_async_wait<0>();  // do not retire while copies are in flight
 }
 
+// The fp8 producer. Q (bf16) is converted to fp16 x kFp8QPrescale through registers. KV tiles are
+// copied raw (1 byte a value) by cp.async into two staging tiles, then widened sub-tile by sub-tile
+// into the one fp16 KV tile as the math warps release its slots; rows past kv_end are zero bytes,
+// which widen to +0.
+template <int NUM_HEADS>
+__device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
+                                                 int ptid) {
+  const int sub = ptid % kThreadsPerRow;
+  constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
+#pragma unroll 1
+  for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
+    const int grow = m_block * kBlockM + row;
+    const int qi = grow / NUM_HEADS;
+    const int h = grow % NUM_HEADS;
+    const bool valid = qi < a.q_len && h < a.num_heads;
+    const char* nope = static_cast<const char*>(a.q_nope) +
+                       (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
+                        int64_t(h) * a.q_nope_stride_head) * 2;
+    const char* pe = static_cast<const char*>(a.q_pe) +
+                     (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
+                      int64_t(h) * a.q_pe_stride_head) * 2;
+#pragma unroll 3  // a few loads in flight within the producer's 40 registers
+    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
+      const int c = sub + k * kThreadsPerRow;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (valid) {
+        v = __ldg(reinterpret_cast<const uint4*>(c < kKvLoraRank / kChunkElems ? nope + c * 16
+                                                                                : pe + (c - kKvLoraRank / kChunkElems) * 16));
+        v = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
+                       bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
+      }
+      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(sq) + swizzled_offset(row, c * kChunkElems, kBlockM)) = v;
+    }
+  }
+}
+
+// Raw copy of tile t into staging buffer `buf`: four threads per 576-byte row (9 chunks each, so a
+// warp reads 8 rows x 64 contiguous bytes per instruction), 2 rows per thread.
+template <int PAGE_SIZE>
+__device__ __forceinline__ void stage_fp8_tile(Fp8Staging& st, int buf, const MlaDecodeArgs& a, const int32_t* table,
+                                               int tile_start, int kv_end, int ptid) {
+  const char* cache = static_cast<const char*>(a.kv_cache);
+  const int sub = ptid % 4;
+  CUTE_UNROLL
+  for (int pass = 0; pass < 2; ++pass) {
+    const int n = pass * 32 + ptid / 4;
+    const int token = tile_start + n;
+    const bool valid = token < kv_end;
+    const char* src = valid ? cache + int64_t(table[token / PAGE_SIZE]) * a.kv_stride_page +
+                                  int64_t(token % PAGE_SIZE) * a.kv_stride_token
+                            : cache;
+    const uint32_t dst = smem_u32(st.tile[buf]) + uint32_t(n * kHeadDimK);
+    CUTE_UNROLL
+    for (int k = 0; k < kHeadDimK / 16 / 4; ++k) {
+      const int c = sub + 4 * k;
+      cp_async_16_zfill(dst + c * 16, src + (valid ? c * 16 : 0), valid);
+    }
+  }
+  cp_async_arrive_noinc(&st.full[buf]);
+}
+
+template <int NUM_HEADS, int PAGE_SIZE>
+__device__ __forceinline__ void produce_fp8(SharedStorage<cutlass::float_e4m3_t>& s, const MlaDecodeArgs& a, int b,
+                                            int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
+  Fp8Staging& st = s.staging;
+  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  stage_fp8_tile<PAGE_SIZE>(st, 0, a, table, kv_begin, kv_end, ptid);
+  if (num_tiles > 1) stage_fp8_tile<PAGE_SIZE>(st, 1, a, table, kv_begin + kBlockN, kv_end, ptid);
+  load_q_block_fp8<NUM_HEADS>(s.q, a, b, m_block, ptid);
+  arrive_barrier(&s.q_full);
+
+  // Widening: thread -> row n = ptid / 2, 32 columns (half = ptid % 2) of each 64-column sub-tile.
+  const int n = ptid / 2;
+  const int half = ptid % 2;
+  for (int t = 0; t < num_tiles; ++t) {
+    const int buf = t % 2;
+    wait_barrier(&st.full[buf], (t / 2) & 1);
+    const uint8_t* row = st.tile[buf] + n * kHeadDimK + half * 32;
+    char* dst = reinterpret_cast<char*>(s.kv[0]);
+#pragma unroll 1  // kept rolled: the producer has few registers
+    for (int c = 0; c < kSubTiles; ++c) {
+      wait_barrier(&s.kv_empty[c], (t & 1) ^ 1);  // one fp16 stage: use t of every slot
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {  // 16 fp8 values -> two 16-byte fp16 chunks
+        const uint4 v = *reinterpret_cast<const uint4*>(row + c * kSubTileCols + h * 16);
+        const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
+        const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
+        const int col = c * kSubTileCols + half * 32 + h * 16;
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(n, col, kBlockN)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(n, col + 8, kBlockN)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+      }
+      arrive_barrier(&s.kv_full[c]);
+    }
+    producer_barrier();  // every producer thread is done reading staging buffer `buf`
+    if (t + 2 < num_tiles) stage_fp8_tile<PAGE_SIZE>(st, buf, a, table, kv_begin + (t + 2) * kBlockN, kv_end, ptid);
+  }
+  cp_async_wait<0>();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Epilogue: normalised O and lse for the thread's two rows, to `out`/`lse` or to the workspace.
 
-template <class Element, int NUM_HEADS, bool SPLIT, class FragO>
+template <class Out, int NUM_HEADS, bool SPLIT, class FragO>
 __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int split, int m_block, int wg,
                                            int row0, FragO const& o, const float (&inv_sum)[2],
                                            const float (&lse)[2]) {
@@ -255,13 +375,13 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
       }
       if (wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
     } else {
-      Element* dst = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride_batch +
+      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
                      int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
                      wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
       CUTE_UNROLL
       for (int j = 0; j < size(o) / 4; ++j) {
         *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            pack2<Element>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+            pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
       }
       if (wg == 0 && lane % 4 == 0) {
         a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
@@ -273,12 +393,15 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
 
-template <class Element, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using Types = CacheTypes<Cache>;
+  using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
+  constexpr int kKvStages = Types::kKvStages;
   extern __shared__ char smem_raw[];
   char* smem_aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  SharedStorage<Element>& s = *reinterpret_cast<SharedStorage<Element>*>(smem_aligned);
+  SharedStorage<Cache>& s = *reinterpret_cast<SharedStorage<Cache>*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
   const int m_block = blockIdx.x % p.num_m_blocks;
@@ -297,9 +420,13 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
     CUTE_UNROLL
-    for (int i = 0; i < kRingSlots; ++i) {
+    for (int i = 0; i < kKvStages * kSubTiles; ++i) {
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i], kProducerThreads);
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[i], 4 * kNumWarpgroups);  // one arrival per math warp
+    }
+    if constexpr (Types::kFp8) {
+      cutlass::arch::ClusterBarrier::init(&s.staging.full[0], kProducerThreads);
+      cutlass::arch::ClusterBarrier::init(&s.staging.full[1], kProducerThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -307,7 +434,13 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (num_tiles > 0) produce<Element, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+    if (num_tiles > 0) {
+      if constexpr (Types::kFp8) {
+        produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+      } else {
+        produce<Cache, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+      }
+    }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
@@ -318,6 +451,14 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   const int lane = tid % 32;
   const bool warp_leader = lane == 0;
   const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+
+  // Score scale (log2 domain) and output scale. An fp8 cache holds real / k_scale and q was loaded
+  // times kFp8QPrescale, so scores take k_scale / kFp8QPrescale and the output k_scale.
+  float score_scale = p.scale_log2, v_scale = 1.f;
+  if constexpr (Types::kFp8) {
+    v_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
+    score_scale *= v_scale / kFp8QPrescale;
+  }
 
   // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
   int key_limit[2];
@@ -346,8 +487,8 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     wait_barrier(&s.q_full, 0);
 
     for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kStages;
-      const int full_parity = (t / kStages) & 1;
+      const int stage = t % kKvStages;
+      const int full_parity = (t / kKvStages) & 1;
       const int tile_start = kv_begin + t * kBlockN;
       uint64_t* empty = &s.kv_empty[stage * kSubTiles];
 
@@ -370,14 +511,15 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
         }
       }
       warpgroup_commit_batch();
-      if (t > 0) {
+      if (kKvStages > 1 && t > 0) {
         // P V of the previous tile (issued before this S, so it completes first) is done: its
-        // V slices, this warpgroup's half of the other stage, may be refilled.
+        // V slices, this warpgroup's half of the previous stage, may be refilled.
         warpgroup_wait<1>();
         fence_fragment(tOrO);
         if (warp_leader) {
+          const int prev = (t - 1) % kKvStages;
           CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) arrive_barrier(&s.kv_empty[(1 - stage) * kSubTiles + 4 * wg + j]);
+          for (int j = 0; j < 4; ++j) arrive_barrier(&s.kv_empty[prev * kSubTiles + 4 * wg + j]);
         }
       }
       warpgroup_wait<0>();
@@ -396,7 +538,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       for (int i = 0; i < size(tSrS); ++i) {
         const int r = (i >> 1) & 1;
         const int token = tile_start + wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4) + (i & 1);
-        const float v = token < key_limit[r] ? tSrS(i) * p.scale_log2 : -INFINITY;
+        const float v = token < key_limit[r] ? tSrS(i) * score_scale : -INFINITY;
         tSrS(i) = v;
         tile_max[r] = fmaxf(tile_max[r], v);
       }
@@ -443,12 +585,21 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       Tensor sVt = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutVt{});
       Tensor sVw = local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0));
       Tensor tOrV = thr_o.partition_fragment_B(sVw);
-      // Issued without waiting: it runs on the tensor cores while the next tile's S is issued.
+      // With two stages it is issued without waiting and runs on the tensor cores while the next
+      // tile's S is issued. With one (fp8) the next tile needs these very slots, so wait and release.
       fence_fragment(tOrO);
       warpgroup_arrive();
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
       warpgroup_commit_batch();
+      if constexpr (kKvStages == 1) {
+        warpgroup_wait<0>();
+        fence_fragment(tOrO);
+        if (warp_leader) {
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) arrive_barrier(&empty[4 * wg + j]);
+        }
+      }
     }
     warpgroup_wait<0>();
     fence_fragment(tOrO);
@@ -467,11 +618,11 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   for (int r = 0; r < 2; ++r) {
     const float l = s.row_stat[0][row0 + 8 * r] + s.row_stat[1][row0 + 8 * r];
     // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
-    inv_sum[r] = l > 0.f ? 1.f / l : 0.f;
+    inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
     if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
-  store_rows<Element, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+  store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
 }
 
 }  // namespace mla

@@ -1,6 +1,6 @@
 // Host side of one variant: checks the arguments the kernel relies on, sizes the grid, launches the
 // decode kernel and, for split-KV variants, the combine kernel. Included by each generated
-// translation unit, which instantiates launch<Element, NUM_HEADS, PAGE_SIZE, SPLIT>.
+// translation unit, which instantiates launch<Cache, NUM_HEADS, PAGE_SIZE, SPLIT> (Cache: the kv_cache element type).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,13 +10,16 @@
 
 namespace mla {
 
-template <class Element, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 int launch(const MlaDecodeArgs* args) {
   static_assert(NUM_HEADS >= 1 && PAGE_SIZE >= 1, "variant fields must be positive");
   if (args == nullptr || args->abi_version != MLA_ABI_VERSION) return int(cudaErrorInvalidValue);
   const MlaDecodeArgs& a = *args;
   if (a.batch < 0 || a.q_len < 1 || a.num_heads < 1 || a.num_heads > NUM_HEADS || a.num_kv_splits < 1 ||
       a.num_kv_splits > 65535 || (!SPLIT && a.num_kv_splits != 1) || a.max_pages_per_seq < 1) {
+    return int(cudaErrorInvalidValue);
+  }
+  if (CacheTypes<Cache>::kFp8 && a.k_scale_ptr == nullptr && !(a.k_scale > 0.f && a.k_scale < INFINITY)) {
     return int(cudaErrorInvalidValue);
   }
   if (a.batch == 0) return int(cudaSuccess);
@@ -33,8 +36,8 @@ int launch(const MlaDecodeArgs* args) {
   const int64_t grid_x = int64_t(p.num_m_blocks) * a.batch;
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
-  auto kernel = mla_decode_kernel<Element, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  const int smem_bytes = int(sizeof(SharedStorage<Element>)) + 1024;  // + room to align to 1024
+  auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+  const int smem_bytes = int(sizeof(SharedStorage<Cache>)) + 1024;  // + room to align to 1024
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return int(err);
   kernel<<<dim3(unsigned(grid_x), unsigned(a.num_kv_splits), 1), kNumThreads, smem_bytes, stream>>>(p);
@@ -44,7 +47,7 @@ int launch(const MlaDecodeArgs* args) {
   if (SPLIT && a.num_kv_splits > 1) {
     const int64_t rows = int64_t(a.batch) * a.q_len * a.num_heads;
     if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
-    mla_combine_kernel<Element><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
+    mla_combine_kernel<typename CacheTypes<Cache>::Out><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
     err = cudaGetLastError();
   }
   return int(err);

@@ -14,6 +14,10 @@
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include <type_traits>
+#include <cutlass/float8.h>
+#include <cutlass/numeric_types.h>
+
 #include "constants.cuh"
 
 namespace mla {
@@ -42,18 +46,53 @@ struct KernelLayouts {
                            GMMA::Major::K, GMMA::Major::MN>()));
 };
 
-// 72 KiB Q + 2 x 72 KiB KV ring + 8 KiB P + row statistics and barriers: 226 KiB, one CTA per SM.
-// Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64 tokens) is the contiguous 8 KiB at
-// byte offset c * 8192, because the swizzle atoms are laid out column-block-major.
-template <class Element>
+// What a cache dtype computes in. bf16 and fp16 caches run the tensor cores in their own type. An fp8
+// e4m3 cache is widened to fp16 in shared memory by the producer (exact: every e4m3 value is an fp16
+// value); q (bf16) is converted to fp16 times kFp8QPrescale on load (exact unless |q| < 2^-6, where
+// fp16 subnormals keep fewer bits; the factor keeps |q| up to 2^24 finite) and out is bf16. With the
+// staging tiles the fp8 path holds one fp16 KV tile instead of two.
+template <class Cache>
+struct CacheTypes {
+  using Mma = Cache;
+  using Q = Cache;
+  using Out = Cache;
+  static constexpr bool kFp8 = false;
+  static constexpr int kKvStages = kStages;
+};
+template <>
+struct CacheTypes<cutlass::float_e4m3_t> {
+  using Mma = cutlass::half_t;
+  using Q = cutlass::bfloat16_t;
+  using Out = cutlass::bfloat16_t;
+  static constexpr bool kFp8 = true;
+  static constexpr int kKvStages = 1;
+};
+constexpr float kFp8QPrescale = 1.f / 256.f;
+
+struct NoStaging {};
+// Raw fp8 tiles as copied from the cache ([64 tokens][576 bytes], unswizzled), two deep.
+struct Fp8Staging {
+  alignas(128) uint8_t tile[2][kBlockN * kHeadDimK];
+  uint64_t full[2];  // the tile's cp.async copies have landed
+};
+
+// 72 KiB Q + 2 x 72 KiB KV ring (fp8: 1 x 72 KiB + 2 x 36 KiB staging) + 8 KiB P + row statistics
+// and barriers: 226 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
+// tokens) is the contiguous 8 KiB at byte offset c * 8192, because the swizzle atoms are laid out
+// column-block-major.
+template <class Cache>
 struct SharedStorage {
+  using Types = CacheTypes<Cache>;
+  using Element = typename Types::Mma;
+  static constexpr int kKvStages = Types::kKvStages;
   alignas(1024) Element q[kBlockM * kHeadDimK];
-  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+  alignas(1024) Element kv[kKvStages][kBlockN * kHeadDimK];
   alignas(1024) Element p[kBlockM * kBlockN];
   float row_stat[kNumWarpgroups][kBlockM];  // per-warpgroup partial row max each tile; row sums at the end
-  uint64_t q_full;                          // Q has landed (producer threads' cp.async arrive)
-  uint64_t kv_full[kRingSlots];             // slot stage * kSubTiles + c has landed
-  uint64_t kv_empty[kRingSlots];            // every math warp is done reading the slot
+  uint64_t q_full;                          // Q has landed (one arrival per producer thread)
+  uint64_t kv_full[kKvStages * kSubTiles];  // slot stage * kSubTiles + c has landed
+  uint64_t kv_empty[kKvStages * kSubTiles]; // every math warp is done reading the slot
+  std::conditional_t<Types::kFp8, Fp8Staging, NoStaging> staging;
 };
 
 // Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple

@@ -1,0 +1,112 @@
+"""fp8 (e4m3) KV-cache variants against the fp32 reference on the dequantized cache (issue 5; skipped
+without an sm_90 GPU).
+
+Caches are written the way engines write them (real N(0, 0.1^2) values quantized with k_scale), unused
+slots hold the e4m3 NaN byte 0x7F, block tables are randomly permuted with junk past each request,
+outputs are prefilled with NaN; q_len 1, 2 and 4, forced splits, seq_lens mixing 0, 1 and page
+boundaries; k_scale far from 1 (0.0625 and 37.5), as a float and as a device tensor. Tolerance:
+mla_variants.testing.FP8_TOLERANCE (the issue's bounds).
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from mla_variants import MLAInputError, mla_decode, mla_decode_reference  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_keys():
+    try:
+        from mla_variants._binding import library
+        return sorted(k for k in library().table if k[2] == "fp8_e4m3")
+    except Exception:  # no build: the parametrized test is skipped ("got empty parameter set")
+        return []
+
+
+def _run(case, splits, k_scale):
+    out = torch.full((*case.q.shape[:3], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((case.q.shape[0], case.q.shape[2], case.q.shape[1]), float("nan"), device="cuda")
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                          num_kv_splits=splits, out=out, lse=lse, k_scale=k_scale)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("key", _fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
+def test_fp8_variant_against_reference(key):
+    num_heads, page, _, split = key
+    g = torch.Generator().manual_seed(hash(key) % 2**31)
+    splits = [2, 7, 256] if split else [1]
+    for q_len, k_scale in ((1, 0.0625), (2, 37.5), (4, 1.0)):
+        lens = [0, 1, max(page - 1, 1), page, page + 1, 3000 + 37 * q_len]
+        case = make_paged_case(lens, num_heads, page, q_len, FP8, generator=g, k_scale=k_scale)
+        assert case.kv_cache.dtype == FP8 and case.q.dtype == torch.bfloat16
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                case.softmax_scale, k_scale=k_scale)
+        for n in splits:
+            for scale_arg in (k_scale, torch.tensor([k_scale], device="cuda")):
+                out, lse = _run(case, n, scale_arg)
+                assert out.dtype == torch.bfloat16
+                problems = compare(out, lse, ref_out, ref_lse, **FP8_TOLERANCE)
+                assert not problems, f"{key} q_len={q_len} k_scale={k_scale} splits={n} {type(scale_arg).__name__}: {problems}"
+
+
+def _any_fp8_key(split=None):
+    keys = [k for k in _fp8_keys() if split is None or k[3] == split]
+    if not keys:
+        pytest.skip("no fp8_e4m3 variant compiled")
+    return sorted(keys, key=lambda k: (k[1] != 64, k[0] != 16))[0]
+
+
+def test_fp8_k_scale_tensor_followed_by_a_cuda_graph():
+    """k_scale as a device tensor: a captured graph replays with the scale's new value."""
+    heads, page, _, _ = _any_fp8_key()
+    case = make_paged_case([700, 64, 2000], heads, page, 1, FP8, generator=torch.Generator().manual_seed(3), k_scale=0.5)
+    scale = torch.tensor([0.5], device="cuda")
+    out = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(3, heads, 1, device="cuda")
+    mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+               num_kv_splits=1, k_scale=scale)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+                   num_kv_splits=1, k_scale=scale)
+    for value in (0.5, 4.0, 0.03125):
+        scale.fill_(value)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                   k_scale=value)
+        problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+        assert not problems, f"k_scale {value} replayed: {problems}"
+
+
+def test_fp8_large_q_and_mixed_lengths_with_splits():
+    """|q| up to ~1e4 (kept finite by the kernel's 2^-8 prescale) and 0 / 1 / 100k keys in one batch."""
+    heads, page, _, _ = _any_fp8_key(split=True)
+    g = torch.Generator().manual_seed(5)
+    case = make_paged_case([0, 1, 100_000], heads, page, 1, FP8, generator=g, k_scale=0.0625, q_std=3000.0)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.0625)
+    for n in (1, 16, 256):
+        out, lse = _run(case, n, 0.0625)
+        problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+        assert not problems, f"splits={n}: {problems}"
+
+
+def test_fp8_cache_stride_must_keep_rows_16_byte_aligned():
+    heads, page, _, _ = _any_fp8_key()
+    case = make_paged_case([100], heads, page, 1, FP8, generator=torch.Generator().manual_seed(1), k_scale=1.0)
+    wide = torch.zeros(case.kv_cache.shape[0], page, 584, dtype=FP8, device="cuda")
+    wide[..., :576] = case.kv_cache
+    with pytest.raises(MLAInputError, match="kv_cache: expected non-negative strides that are multiples of 16 elements"):
+        mla_decode(case.q, wide[..., :576], case.block_table, case.seq_lens, case.softmax_scale, k_scale=1.0)
+    wide = torch.zeros(case.kv_cache.shape[0], page, 592, dtype=FP8, device="cuda")  # 592 = 37 x 16: fine
+    wide[..., :576] = case.kv_cache
+    out, lse = mla_decode(case.q, wide[..., :576], case.block_table, case.seq_lens, case.softmax_scale, k_scale=1.0)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=1.0)
+    assert not compare(out, lse, *ref, **FP8_TOLERANCE)
