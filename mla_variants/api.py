@@ -131,6 +131,16 @@ class _Call:
     def device(self) -> torch.device:
         return torch.device("cuda", self.device_index)
 
+    @classmethod
+    def of_shape(cls, batch: int, num_heads: int, q_len: int, page_size: int, dtype: torch.dtype, device_index: int,
+                 max_pages: int) -> "_Call":
+        """A call known by its shape only (what MLADecodePlan dispatches on before any tensor exists);
+        dtype is a q dtype (bf16/fp16) and selects the variants of that cache dtype."""
+        c = cls()
+        c.batch, c.num_heads, c.q_len, c.page_size, c.dtype = batch, num_heads, q_len, page_size, dtype
+        c.device_index, c.max_pages, c.key_dtype = device_index, max_pages, _DTYPES[dtype]
+        return c
+
 
 def _set_scale(c: _Call, kv_cache, k_scale) -> None:
     """The dispatch dtype token and the k_scale fields of the launch (already validated)."""

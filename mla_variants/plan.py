@@ -60,10 +60,7 @@ class MLADecodePlan:
                                           or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
             _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
         self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
-        shape = _Call()
-        shape.batch, shape.num_heads, shape.q_len, shape.page_size, shape.dtype = max_batch, num_heads, q_len, page_size, dtype
-        shape.device_index, shape.max_pages = self.device.index, -(-max_seq_len // page_size)
-        shape.key_dtype = _DTYPES[dtype]
+        shape = _Call.of_shape(max_batch, num_heads, q_len, page_size, dtype, self.device.index, -(-max_seq_len // page_size))
         self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         if workspace is None:
