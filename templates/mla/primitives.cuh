@@ -1,0 +1,103 @@
+// Small device primitives shared by the producer and the math warpgroups: cp.async and mbarrier
+// wrappers, named barriers, dtype conversions, and one warpgroup GEMM over partitioned operands.
+#pragma once
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include "constants.cuh"
+#include "layouts.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// ---------------------------------------------------------------------------------------------
+// Small device helpers.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// 16-byte copy that writes zeros and reads nothing when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+// The mbarrier receives one arrival once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)));
+}
+// Barrier 4 over the 128 producer threads only (the fp8 staging tiles).
+__device__ __forceinline__ void producer_barrier() {
+  asm volatile("bar.sync 4, %0;\n" ::"n"(kProducerThreads) : "memory");
+}
+
+// Four e4m3 values (one 32-bit word, lowest byte first) -> four fp16 values (two words), exactly.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t v) {
+  uint2 r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(v));
+  return r;
+}
+// Two bf16 values (one word, lower element first) -> two fp16 values times kFp8QPrescale.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_prescaled(uint32_t v) {
+  __half2 h = __floats2half2_rn(__uint_as_float(v << 16) * kFp8QPrescale,
+                                __uint_as_float(v & 0xffff0000u) * kFp8QPrescale);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Barrier `id` (1..15) over the 256 math threads only; the producer never takes part.
+__device__ __forceinline__ void math_barrier(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups));
+}
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
+  cutlass::arch::ClusterBarrier::wait(bar, uint32_t(parity));
+}
+__device__ __forceinline__ void arrive_barrier(uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
+
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<cutlass::bfloat16_t>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <class Frag>
+__device__ __forceinline__ void fence_fragment(Frag& frag) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(frag); ++i) warpgroup_fence_operand(frag(i));
+}
+
+// C[M x N] (+)= A B^T over all k-blocks of the partitioned operands, one warpgroup.
+template <class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA const& a, FragB const& b, FragC& c,
+                                               bool zero_init) {
+  fence_fragment(c);
+  warpgroup_arrive();
+  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  fence_fragment(c);
+}
+
+}  // namespace mla
