@@ -12,6 +12,7 @@ log-sum-exp merging (flash-decoding).
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 import torch
@@ -33,6 +34,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
 _KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
 _MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
+_FLT_MIN, _FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38  # fp32 normal range (k_scale travels as fp32)
 
 
 class MLAInputError(ValueError):
@@ -146,7 +148,7 @@ def _set_scale(c: _Call, kv_cache, k_scale) -> None:
     """The dispatch dtype token and the k_scale fields of the launch (already validated)."""
     if kv_cache.dtype is FP8_DTYPE:
         c.key_dtype = FP8_KEY
-        if type(k_scale) is torch.Tensor:
+        if isinstance(k_scale, torch.Tensor):  # read by the kernel (also a Parameter or other subclass)
             c.k_scale, c.k_scale_ptr, c.k_scale_tensor = 0.0, k_scale.data_ptr(), k_scale
         else:
             c.k_scale, c.k_scale_ptr, c.k_scale_tensor = float(k_scale), 0, None
@@ -154,16 +156,18 @@ def _set_scale(c: _Call, kv_cache, k_scale) -> None:
         c.key_dtype, c.k_scale, c.k_scale_ptr, c.k_scale_tensor = _DTYPES[c.dtype], 0.0, 0, None
 
 
-def _k_scale_ok_fast(k_scale, dev: int) -> bool:
+def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:
     if type(k_scale) is float:
-        return 0.0 < k_scale < math.inf
-    return (type(k_scale) is torch.Tensor and k_scale.dtype is torch.float32 and k_scale.numel() == 1
-            and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0)
+        return _FLT_MIN <= k_scale <= _FLT_MAX and softmax_scale * k_scale < _MAX_SCALE
+    return (type(k_scale) is torch.Tensor and k_scale.layout is torch.strided and k_scale.dtype is torch.float32
+            and k_scale.numel() == 1 and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0)
 
 
-def _check_k_scale(k_scale, kv_cache, device) -> None:
-    """k_scale must come with an fp8 cache, and only with one: a positive finite float, or a 1-element
-    float32 tensor on the cache's device (read by the kernel, so a CUDA graph sees it change)."""
+def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
+    """k_scale must come with an fp8 cache, and only with one: a positive finite float in fp32's normal
+    range (with softmax_scale * k_scale <= 1e30, so the fp32 score scale stays finite), or a 1-element
+    float32 strided tensor on the cache's device (read by the kernel, so a CUDA graph sees it change;
+    its value is the caller's to keep positive and finite)."""
     if kv_cache.dtype is not FP8_DTYPE:
         if k_scale is not None:
             _fail("k_scale", f"None for a {kv_cache.dtype} kv_cache (k_scale dequantizes float8_e4m3fn caches only)",
@@ -173,16 +177,26 @@ def _check_k_scale(k_scale, kv_cache, device) -> None:
         _fail("k_scale", "the dequantization scale of the float8_e4m3fn kv_cache (cache value x k_scale = real value)",
               "None")
     if isinstance(k_scale, torch.Tensor):
-        if k_scale.dtype is not torch.float32 or k_scale.numel() != 1 or k_scale.device != device:
-            _fail("k_scale", f"a positive float or a 1-element float32 tensor on {device}",
-                  f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)} on {k_scale.device}")
+        if (k_scale.dtype is not torch.float32 or k_scale.numel() != 1 or k_scale.device != device
+                or k_scale.layout is not torch.strided):
+            _fail("k_scale", f"a positive float or a 1-element float32 (strided) tensor on {device}",
+                  f"a {k_scale.dtype} {k_scale.layout} tensor of shape {tuple(k_scale.shape)} on {k_scale.device}")
         return
     try:
-        ok = not isinstance(k_scale, bool) and isinstance(k_scale, (int, float)) and 0.0 < float(k_scale) < math.inf
+        ok = not isinstance(k_scale, bool) and isinstance(k_scale, numbers.Real) and 0.0 < float(k_scale) < math.inf
     except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
         _fail("k_scale", "a positive finite float or a 1-element float32 tensor", repr(k_scale))
+    if not _FLT_MIN <= float(k_scale) <= _FLT_MAX:
+        _fail("k_scale", f"a value in fp32's normal range [{_FLT_MIN:.3g}, {_FLT_MAX:.3g}]", repr(k_scale))
+    try:
+        product = float(softmax_scale) * float(k_scale)
+    except (TypeError, ValueError):
+        return  # softmax_scale gets its own error
+    if not product <= _MAX_SCALE:
+        _fail("k_scale", f"softmax_scale * k_scale <= {_MAX_SCALE:g} (the kernel's fp32 score scale)",
+              f"k_scale {k_scale!r} with softmax_scale {softmax_scale!r}")
 
 
 def _fill(c: _Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, dev: int) -> _Call:
@@ -224,7 +238,8 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
         ks, kst = kv_cache.shape, kv_cache.stride()
         bs, bst = block_table.shape, block_table.stride()
         if kv_cache.dtype is FP8_DTYPE:  # 1-byte values: 16-element strides keep rows 16-byte aligned
-            if dtype is not torch.bfloat16 or kst[0] % 16 or kst[1] % 16 or not _k_scale_ok_fast(k_scale, dev):
+            if (dtype is not torch.bfloat16 or kst[0] % 16 or kst[1] % 16 or type(softmax_scale) is not float
+                    or not _k_scale_ok_fast(k_scale, dev, softmax_scale)):
                 return None
         elif kv_cache.dtype is not dtype or k_scale is not None:
             return None
@@ -309,7 +324,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
     _check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
     if kv_cache.shape[-1] != HEAD_DIM:
         _fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    _check_k_scale(k_scale, kv_cache, device)
+    _check_k_scale(k_scale, kv_cache, device, softmax_scale)
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     if num_pages < 1 or page_size < 1:
         _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")

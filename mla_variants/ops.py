@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from .api import KV_LORA_RANK, mla_decode as _mla_decode
+from .api import FP8_DTYPE, KV_LORA_RANK, _fail, mla_decode as _mla_decode
+
+
+def _no_fp8(kv_cache) -> None:
+    if kv_cache.dtype is FP8_DTYPE:
+        _fail("kv_cache", "bf16 or fp16 (the torch.library ops take no k_scale yet; call mla_decode(..., k_scale=) "
+                          "for a float8_e4m3fn cache)", kv_cache.dtype)
 
 
 def _fake_check(q_nope, q_pe) -> None:
@@ -32,6 +38,7 @@ def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
     int32; num_kv_splits 0 = heuristic. Returns out [batch, q_len, num_heads, 512] (q's dtype) and lse
     [batch, num_heads, q_len] fp32 (natural log). Raises what mla_decode raises; CPU tensors have no
     kernel (NotImplementedError from the dispatcher)."""
+    _no_fp8(kv_cache)
     return _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                        num_kv_splits=num_kv_splits or None)
 
@@ -50,6 +57,7 @@ def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.
                       lse: torch.Tensor) -> None:
     """The in-place form of mla_decode_op: writes the preallocated out [batch, q_len, num_heads, 512]
     and lse [batch, num_heads, q_len] fp32 and returns nothing."""
+    _no_fp8(kv_cache)
     _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                 num_kv_splits=num_kv_splits or None, out=out, lse=lse)
 

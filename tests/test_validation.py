@@ -123,8 +123,12 @@ def _err_fp8(k_scale, **over):
     (float("inf"), {}, "k_scale: expected a positive finite float"),
     (True, {}, "k_scale: expected a positive finite float"),
     ("0.5", {}, "k_scale: expected a positive finite float"),
-    (torch.ones(2), {}, "k_scale: expected a positive float or a 1-element float32 tensor on cpu, got a torch.float32 tensor of shape (2,)"),
-    (torch.ones(1, dtype=torch.float64), {}, "k_scale: expected a positive float or a 1-element float32 tensor"),
+    (torch.ones(2), {}, "k_scale: expected a positive float or a 1-element float32 (strided) tensor on cpu, got a torch.float32 torch.strided tensor of shape (2,)"),
+    (torch.ones(1).to_sparse(), {}, "k_scale: expected a positive float or a 1-element float32 (strided) tensor on cpu, got a torch.float32 torch.sparse_coo tensor"),
+    (1e-50, {}, "k_scale: expected a value in fp32's normal range"),
+    (1e39, {}, "k_scale: expected a value in fp32's normal range"),
+    (1e32, {}, "k_scale: expected softmax_scale * k_scale <= 1e+30 (the kernel's fp32 score scale), got k_scale 1e+32 with softmax_scale 0.1"),
+    (torch.ones(1, dtype=torch.float64), {}, "k_scale: expected a positive float or a 1-element float32 (strided) tensor"),
     (0.5, dict(q=torch.zeros(2, 1, 16, 576, dtype=torch.float16)),
      "q: expected bf16 with a float8_e4m3fn kv_cache (q and out are bf16), got torch.float16"),
 ])
@@ -136,3 +140,30 @@ def test_k_scale_only_with_fp8_cache():
     a = _args()
     with pytest.raises(MLAInputError, match=r"k_scale: expected None for a torch.bfloat16 kv_cache"):
         mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], k_scale=0.5)
+
+
+def test_k_scale_accepts_any_real_number_type():
+    """numpy scalars and ints are real numbers: accepted as k_scale (the call then fails later, on the
+    CPU device check, which proves validation of k_scale passed)."""
+    np = pytest.importorskip("numpy")
+    for k in (np.float32(0.5), np.float64(0.5), 2):
+        assert _err_fp8(k).startswith("q: expected a CUDA tensor")
+
+
+def test_k_scale_parameter_stays_a_device_read():
+    """A Parameter (a Tensor subclass) k_scale is passed to the kernel by pointer, never turned into a
+    host float (which would sync, freeze its value and break graph capture)."""
+    from mla_variants import api
+    c = api._Call()
+    c.dtype = torch.bfloat16
+    param = torch.nn.Parameter(torch.tensor([0.5]))
+    api._set_scale(c, torch.zeros(1, 1, 576, dtype=_FP8), param)
+    assert c.key_dtype == "fp8_e4m3" and c.k_scale_ptr == param.data_ptr() and c.k_scale_tensor is param
+
+
+def test_ops_reject_fp8_caches_by_name():
+    from mla_variants import ops
+    a = _args(kv_cache=torch.zeros(10, 64, 576, dtype=_FP8))
+    q = a["q"]
+    with pytest.raises(MLAInputError, match="kv_cache: expected bf16 or fp16 \\(the torch.library ops take no k_scale"):
+        ops.mla_decode_op._init_fn(q[..., :512], q[..., 512:], a["kv_cache"], a["block_table"], a["seq_lens"], 0.1, 0)

@@ -101,7 +101,7 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
     CUTE_UNROLL
     for (int j = 0; j < kPasses; ++j) page[j] = next_page[j];
   }
-  cp_async_wait<0>();  // do not retire while copies are in flight
+  cp_async_wait_all();  // do not retire while copies are in flight
 }
 
 // The fp8 producer. Q (bf16) is converted to fp16 x kFp8QPrescale through registers. KV tiles are
@@ -152,9 +152,9 @@ __device__ __forceinline__ void stage_fp8_tile(Fp8Staging& st, int buf, const Ml
   for (int pass = 0; pass < 2; ++pass) {
     const int n = pass * 32 + ptid / 4;
     const int token = tile_start + n;
-    const bool valid = token < kv_end;
-    const char* src = valid ? cache + int64_t(table[token / PAGE_SIZE]) * a.kv_stride_page +
-                                  int64_t(token % PAGE_SIZE) * a.kv_stride_token
+    const int32_t page = token < kv_end ? table[token / PAGE_SIZE] : -1;
+    const bool valid = page >= 0;  // as the bf16 path: a negative page id reads nothing (zeros)
+    const char* src = valid ? cache + int64_t(page) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token
                             : cache;
     const uint32_t dst = smem_u32(st.tile[buf]) + uint32_t(n * kHeadDimK);
     CUTE_UNROLL
@@ -201,7 +201,7 @@ __device__ __forceinline__ void produce_fp8(SharedStorage<cutlass::float_e4m3_t>
     producer_barrier();  // every producer thread is done reading staging buffer `buf`
     if (t + 2 < num_tiles) stage_fp8_tile<PAGE_SIZE>(st, buf, a, table, kv_begin + (t + 2) * kBlockN, kv_end, ptid);
   }
-  cp_async_wait<0>();
+  cp_async_wait_all();
 }
 
 }  // namespace mla
