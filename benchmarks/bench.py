@@ -450,7 +450,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Timing method and output: see the module docstring (benchmarks/bench.py).")
-    p.add_argument("--anchors", help="anchor cases JSON (default: <repo>/../shared/anchors-h200.json; "
+    p.add_argument("--anchors", help="anchor cases JSON (default: <repo>/../shared/anchors-h200.json, else "
+                                     "<repo>/shared/anchors-h200.json; "
                                      "without it the grid is generated, with no peer numbers)")
     p.add_argument("--heads", type=_int_list, help="only these head counts, e.g. 16,128")
     p.add_argument("--batch", type=_int_list, help="only these batch sizes, e.g. 1,8")

@@ -61,10 +61,10 @@ def cmd_list(args) -> int:
         return 1
     usage_path = Path(args.build_dir) / "resource_usage.json"
     usage = json.loads(usage_path.read_text()) if usage_path.exists() else {}
-    print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>5} {'split':>5}  {'registers':>9}  launcher")
+    print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>8} {'split':>5}  {'registers':>9}  launcher")
     for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
         regs = usage.get(name, {}).get("registers", "?")
-        print(f"{h:>9} {p:>9} {d:>5} {str(s).lower():>5}  {regs:>9}  {name}")
+        print(f"{h:>9} {p:>9} {d:>8} {str(s).lower():>5}  {regs:>9}  {name}")
     print(f"{len(mod.VARIANTS)} variants, library {(Path(args.generated_dir) / mod.LIBRARY).resolve()}")
     return 0
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--generated-dir", default=str(ROOT / "generated"), help="rendered sources (default: %(default)s)")
         p.add_argument("--build-dir", default=str(ROOT / "build"), help="CMake build tree (default: %(default)s)")
         if name != "list":
-            p.add_argument("--preset", help="build only this preset's variants (see variants.yaml presets)")
+            p.add_argument("--preset", help=f"{name} only this preset's variants (see variants.yaml presets)")
             p.add_argument("--filter", action="append", metavar="PATTERN",
                            help="keep variants whose name matches (glob, or substring); repeatable")
         if name == "build":
