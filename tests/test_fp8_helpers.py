@@ -80,3 +80,9 @@ def test_fp8_cases_are_poisoned_with_the_nan_byte_and_dequantize_right(k_scale):
     real = dequantize_kv(case.kv_cache, k_scale)  # the fp8 reference is the reference on the dequantized cache
     ref = mla_decode_reference(case.q, real, case.block_table, case.seq_lens, case.softmax_scale)
     assert compare(out, lse, *ref, **FP8_TOLERANCE) == []
+
+
+def test_reference_rejects_k_scale_for_a_bf16_cache():
+    case = make_paged_case([3, 40], 2, 16, 1, torch.bfloat16, device="cpu", generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="k_scale: only for a float8_e4m3fn kv_cache"):
+        mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
