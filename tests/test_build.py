@@ -42,7 +42,8 @@ def ci_build(tmp_path_factory):
 def test_build_links_loads_and_matches_manifest(ci_build):
     gen, bld, p, _ = ci_build
     assert "compiling mla_decode_h16_p64_bf16_split" in p.stdout          # per-variant progress
-    assert "built 2 variants (2 translation units compiled)" in p.stdout  # summary
+    assert "compiling mla_decode_h16_p64_fp8_e4m3_split" in p.stdout
+    assert "built 4 variants (4 translation units compiled)" in p.stdout  # summary
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
@@ -73,7 +74,8 @@ def test_list_prints_the_dispatch_table(ci_build):
     gen, bld, _, _ = ci_build
     p = _cli("list", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stderr
-    assert "mla_decode_h16_p64_bf16_split" in p.stdout and "2 variants" in p.stdout
+    assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h16_p64_fp8_e4m3_nosplit" in p.stdout
+    assert "4 variants" in p.stdout
 
 
 def test_cli_reports_config_errors(tmp_path):
