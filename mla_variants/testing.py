@@ -124,6 +124,20 @@ def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse
     return problems
 
 
+def run_nan_prefilled(case: PagedCase, num_kv_splits: int | None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """mla_decode on `case` into out / lse buffers prefilled with NaN (so a row the kernel forgets to
+    write cannot pass), then a device synchronization. Extra keyword arguments go to mla_decode (e.g.
+    k_scale=...). Returns (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len])."""
+    from .api import mla_decode
+    batch, q_len, num_heads = case.q.shape[:3]
+    out = torch.full((batch, q_len, num_heads, 512), float("nan"), dtype=case.q.dtype, device=case.q.device)
+    lse = torch.full((batch, num_heads, q_len), float("nan"), dtype=torch.float32, device=case.q.device)
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                          num_kv_splits=num_kv_splits, out=out, lse=lse, **kwargs)
+    torch.cuda.synchronize(case.q.device)
+    return out, lse
+
+
 def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same cache memory seen as page_size 1: ([num_pages * page_size, 1, 576] view, token-level
     block_table [batch, max_pages * page_size] int32). Used to time a page-P variant against the

@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import MLAInputError, mla_decode, mla_decode_reference  # noqa: E402
-from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case, run_nan_prefilled  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 
@@ -27,12 +27,7 @@ def _fp8_keys():
 
 
 def _run(case, splits, k_scale):
-    out = torch.full((*case.q.shape[:3], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((case.q.shape[0], case.q.shape[2], case.q.shape[1]), float("nan"), device="cuda")
-    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                          num_kv_splits=splits, out=out, lse=lse, k_scale=k_scale)
-    torch.cuda.synchronize()
-    return out, lse
+    return run_nan_prefilled(case, splits, k_scale=k_scale)
 
 
 @pytest.mark.parametrize("key", _fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")

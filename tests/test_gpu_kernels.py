@@ -10,7 +10,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
-from mla_variants.testing import compare, make_paged_case  # noqa: E402
+from mla_variants.testing import compare, make_paged_case, run_nan_prefilled  # noqa: E402
 
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -27,13 +27,7 @@ def _mixed_lens(page: int, long: int) -> list[int]:
     return [0, 1, max(page - 1, 1), page, page + 1, long]
 
 
-def _run(case, q_len_splits, **kw):
-    out = torch.full((*case.q.shape[:3], 512), float("nan"), dtype=case.q.dtype, device="cuda")
-    lse = torch.full((case.q.shape[0], case.q.shape[2], case.q.shape[1]), float("nan"), device="cuda")
-    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                          num_kv_splits=q_len_splits, out=out, lse=lse, **kw)
-    torch.cuda.synchronize()
-    return out, lse
+_run = run_nan_prefilled
 
 
 @pytest.mark.parametrize("key", _table(), ids=lambda k: f"h{k[0]}_p{k[1]}_{k[2]}_{'split' if k[3] else 'nosplit'}")

@@ -13,6 +13,33 @@ namespace mla {
 // ---------------------------------------------------------------------------------------------
 // The producer warpgroup: global -> shared copies, all 16-byte cp.async.
 
+// Where row `row` of this CTA's Q block comes from: its q_nope and q_pe rows (16-bit values), or
+// valid == false for a padding row (h >= num_heads or qi >= q_len), whose pointers stay at the
+// tensors' bases so that a zero-filling copy still names a mapped address.
+struct QRowSource {
+  const char* nope;
+  const char* pe;
+  bool valid;
+  // The c-th 16-byte chunk of the 576-value row (64 latent chunks, then 8 RoPE chunks).
+  __device__ __forceinline__ const char* chunk(int c) const {
+    return c < kKvLoraRank / kChunkElems ? nope + (valid ? c * 16 : 0) : pe + (valid ? (c - kKvLoraRank / kChunkElems) * 16 : 0);
+  }
+};
+
+template <int NUM_HEADS>
+__device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b, int m_block, int row) {
+  const int grow = m_block * kBlockM + row;
+  const int qi = grow / NUM_HEADS;
+  const int h = grow % NUM_HEADS;
+  QRowSource r{static_cast<const char*>(a.q_nope), static_cast<const char*>(a.q_pe), qi < a.q_len && h < a.num_heads};
+  if (r.valid) {
+    r.nope += (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
+               int64_t(h) * a.q_nope_stride_head) * 2;
+    r.pe += (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token + int64_t(h) * a.q_pe_stride_head) * 2;
+  }
+  return r;
+}
+
 // Q block: eight producer threads copy one 1152-byte row (9 chunks each), 16 rows per pass.
 template <class Element, int NUM_HEADS>
 __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
@@ -21,25 +48,12 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
   CUTE_UNROLL
   for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    const int grow = m_block * kBlockM + row;
-    const int qi = grow / NUM_HEADS;
-    const int h = grow % NUM_HEADS;
-    const bool valid = qi < a.q_len && h < a.num_heads;
-    const char* nope = static_cast<const char*>(a.q_nope);
-    const char* pe = static_cast<const char*>(a.q_pe);
-    if (valid) {
-      nope += (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
-               int64_t(h) * a.q_nope_stride_head) * int64_t(sizeof(Element));
-      pe += (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
-             int64_t(h) * a.q_pe_stride_head) * int64_t(sizeof(Element));
-    }
+    const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
     CUTE_UNROLL
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
       const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kBlockM);
-      const char* src = c < kKvLoraRank / kChunkElems ? nope + (valid ? c * 16 : 0)
-                                                       : pe + (valid ? (c - kKvLoraRank / kChunkElems) * 16 : 0);
-      cp_async_16_zfill(dst, src, valid);  // padding rows: zeros
+      cp_async_16_zfill(dst, q.chunk(c), q.valid);  // padding rows: zeros
     }
   }
 }
@@ -116,23 +130,13 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
 #pragma unroll 1
   for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    const int grow = m_block * kBlockM + row;
-    const int qi = grow / NUM_HEADS;
-    const int h = grow % NUM_HEADS;
-    const bool valid = qi < a.q_len && h < a.num_heads;
-    const char* nope = static_cast<const char*>(a.q_nope) +
-                       (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
-                        int64_t(h) * a.q_nope_stride_head) * 2;
-    const char* pe = static_cast<const char*>(a.q_pe) +
-                     (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token +
-                      int64_t(h) * a.q_pe_stride_head) * 2;
+    const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
 #pragma unroll 3  // a few loads in flight within the producer's 40 registers
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (valid) {
-        v = __ldg(reinterpret_cast<const uint4*>(c < kKvLoraRank / kChunkElems ? nope + c * 16
-                                                                                : pe + (c - kKvLoraRank / kChunkElems) * 16));
+      if (q.valid) {
+        v = __ldg(reinterpret_cast<const uint4*>(q.chunk(c)));
         v = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
                        bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
       }
