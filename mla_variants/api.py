@@ -20,6 +20,7 @@ import torch
 from . import _binding
 from .dispatch import VariantNotCompiledError
 from .dispatch import is_supported as _table_supports
+from .fp8 import FP8_DTYPE
 
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
@@ -30,7 +31,6 @@ BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
 BLOCK_M = 64  # query rows per CTA
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
-FP8_DTYPE = torch.float8_e4m3fn
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
 _KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
 _MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
