@@ -72,16 +72,17 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
     batch * ceil(num_heads * q_len / 64) CTAs, one per SM at a time (a call served by a larger compiled
     head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
-    many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 4 (about 256 keys per piece
-    for a request of max_seq_len; shorter requests get shorter pieces, since the kernel cuts each
-    request's own keys into this many equal runs of 64-key tiles) and at most MAX_KV_SPLITS; never
-    less than 1. Pure arithmetic, never raises.
+    many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
+    request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
+    shorter requests get shorter pieces, since the kernel cuts each request's own keys into this many
+    equal runs of 64-key tiles) and at most MAX_KV_SPLITS; never less than 1. Pure arithmetic, never
+    raises. Measured on an H200 in docs/perf-notes.md ("split heuristic").
     """
     ctas = batch * math.ceil(num_heads * q_len / BLOCK_M)
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
-    by_len = max(1, math.ceil(max_seq_len / BLOCK_N) // 4)
+    by_len = max(1, math.ceil(max_seq_len / BLOCK_N) // 2)
     return max(1, min(by_sms, by_len, MAX_KV_SPLITS))
 
 

@@ -9,18 +9,16 @@
 // memory, so a NaN in an unused cache slot never meets a zero probability.
 //
 // Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
-//   - warpgroup 0 (producer, 40 registers) gathers Q once and then the KV tiles through block_table
-//     with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each sub-tile slot has
-//     a "full" mbarrier (the copies landed) and an "empty" one (every math warp finished reading it),
-//     so loads for tile t+2 start as soon as the sub-tiles of tile t they overwrite are released;
-//   - math warpgroup w (232 registers) computes S for tokens [32w, 32w+32) of the tile with wgmma (SS),
-//     starting on each 64-column sub-tile as soon as it lands;
-//   - the row max is exchanged through shared memory, P (16-bit) is written to shared memory;
-//   - math warpgroup w accumulates O[:, 256w : 256w+256] += P V with wgmma (SS), V read from the same
-//     tile, without waiting: P V of tile t runs on the tensor cores while S of tile t+1 is issued;
-//     O is rescaled only when a row max moved;
-//   - a warpgroup releases the RoPE sub-tile and the other half's latent sub-tiles right after S, and
-//     its own half's once its P V completed.
+//   - warpgroup 0 (producer, producer.cuh, 40 registers) gathers Q once and then the KV tiles through
+//     block_table with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
+//     sub-tile slot has a "full" mbarrier (the copies landed) and an "empty" one (every math warp that
+//     reads it is done), so loads for tile t+2 start as soon as the slots of tile t are released;
+//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers) compute S = Q K^T with wgmma, starting on
+//     each 64-column sub-tile as it lands, the online softmax, and O += P V; warpgroup w owns
+//     O[:, 256w : 256w+256] in registers. bf16/fp16: the two warpgroups own alternate tiles' S and
+//     softmax and hand the row max over ("seesaw"); fp8: one fp16 stage, S split by tokens;
+//   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
+//     workspace).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
@@ -33,6 +31,7 @@
 #include "constants.cuh"
 #include "layouts.cuh"
 #include "primitives.cuh"
+#include "consumer.cuh"
 #include "producer.cuh"
 
 namespace mla {
@@ -142,7 +141,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     CUTE_UNROLL
     for (int i = 0; i < kKvStages * kSubTiles; ++i) {
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i], kProducerThreads);
-      cutlass::arch::ClusterBarrier::init(&s.kv_empty[i], 4 * kNumWarpgroups);  // one arrival per math warp
+      // One arrival per math warp that reads the slot (see consume_two_stage / consume_one_stage).
+      cutlass::arch::ClusterBarrier::init(
+          &s.kv_empty[i], Types::kFp8 ? 4 * kNumWarpgroups : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
     }
     if constexpr (Types::kFp8) {
       cutlass::arch::ClusterBarrier::init(&s.staging.full[0], kProducerThreads);
@@ -166,10 +167,11 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
 
   const int tid = threadIdx.x - kProducerThreads;
-  const int wg = tid / 128;
+  // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg
+  // would otherwise be serialized (ptxas C7520).
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
   const int tid_wg = tid % 128;
   const int lane = tid % 32;
-  const bool warp_leader = lane == 0;
   const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
 
   // Score scale (log2 domain) and output scale. An fp8 cache holds real / k_scale and q was loaded
@@ -188,155 +190,35 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     key_limit[r] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
   }
 
-  typename L::TiledMmaS mma_s;
-  typename L::TiledMmaO mma_o;
-  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O starts cleared and only ever accumulates
-  auto thr_s = mma_s.get_thread_slice(tid_wg);
-  auto thr_o = mma_o.get_thread_slice(tid_wg);
-  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
+  Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
   clear(tOrO);
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
-
   if (num_tiles > 0) {
-    Tensor sQ = make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{});
-    Tensor sP = make_tensor(make_smem_ptr(s.p), typename L::SmemLayoutP{});
-    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
-    Tensor tOrP = thr_o.partition_fragment_A(sP);
-    constexpr int kKStepsPerSubTile = kSubTileCols / 16;
-    wait_barrier(&s.q_full, 0);
-
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kKvStages;
-      const int full_parity = (t / kKvStages) & 1;
-      const int tile_start = kv_begin + t * kBlockN;
-      uint64_t* empty = &s.kv_empty[stage * kSubTiles];
-
-      // S = Q K^T for this warpgroup's 32 tokens, each 64-column slice as soon as it lands.
-      Tensor sK = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutKV{});
-      Tensor sKw = local_tile(sK, Shape<Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>{}, make_coord(wg, 0));
-      Tensor tSrK = thr_s.partition_fragment_B(sKw);
-      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>>{});
-      fence_fragment(tSrS);
-      warpgroup_arrive();
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int c = 0; c < kSubTiles; ++c) {
-        wait_barrier(&s.kv_full[stage * kSubTiles + c], full_parity);
-        cutlass::arch::fence_view_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
-        CUTE_UNROLL
-        for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
-          cute::gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-          mma_s.accumulate_ = GMMA::ScaleOut::One;
-        }
-      }
-      warpgroup_commit_batch();
-      if (kKvStages > 1 && t > 0) {
-        // P V of the previous tile (issued before this S, so it completes first) is done: its
-        // V slices, this warpgroup's half of the previous stage, may be refilled.
-        warpgroup_wait<1>();
-        fence_fragment(tOrO);
-        if (warp_leader) {
-          const int prev = (t - 1) % kKvStages;
-          CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) arrive_barrier(&s.kv_empty[prev * kSubTiles + 4 * wg + j]);
-        }
-      }
-      warpgroup_wait<0>();
-      fence_fragment(tSrS);
-      // This warpgroup no longer reads the RoPE slice nor the other half's latent slices.
-      if (warp_leader) {
-        arrive_barrier(&empty[kSubTiles - 1]);
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j) arrive_barrier(&empty[4 * (1 - wg) + j]);
-      }
-
-      // Scale, mask, and the partial row max over this warpgroup's tokens. Accumulator element i
-      // of a 64xN wgmma tile is row row0 + 8*((i>>1)&1), column (i>>2)*8 + 2*(lane%4) + (i&1).
-      float tile_max[2] = {-INFINITY, -INFINITY};
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        const int r = (i >> 1) & 1;
-        const int token = tile_start + wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4) + (i & 1);
-        const float v = token < key_limit[r] ? tSrS(i) * score_scale : -INFINITY;
-        tSrS(i) = v;
-        tile_max[r] = fmaxf(tile_max[r], v);
-      }
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-        if (lane % 4 == 0) s.row_stat[wg][row0 + 8 * r] = tile_max[r];
-      }
-      // Both warpgroups' maxima are visible, and both finished the previous tile's P V (so P is free).
-      math_barrier(1);
-
-      float alpha[2], m_sub[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m_run[r], fmaxf(s.row_stat[0][row0 + 8 * r], s.row_stat[1][row0 + 8 * r]));
-        // While a row has seen no visible key its max is -inf: subtract 0 instead, so that
-        // exp2(-inf - 0) = 0 and no -inf - (-inf) = NaN can appear.
-        m_sub[r] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[r] = exp2f(m_run[r] - m_sub[r]);
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
-      }
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); i += 2) {
-        const int r = (i >> 1) & 1;
-        const float p0 = exp2f(tSrS(i) - m_sub[r]);
-        const float p1 = exp2f(tSrS(i + 1) - m_sub[r]);
-        l_run[r] += p0 + p1;
-        const int col = wg * (kBlockN / kNumWarpgroups) + (i >> 2) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(s.p) + swizzled_offset(row0 + 8 * r, col, kBlockM)) =
-            pack2<Element>(p0, p1);
-      }
-      // Rescale O only when some row's max moved (once the max settles, most tiles skip this).
-      if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i >> 1) & 1];
-      }
-      cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
-      // P is complete, and both warpgroups have read the row maxima (row_stat may be rewritten).
-      math_barrier(2);
-
-      // O[:, 256 wg : 256 wg + 256] += P V.
-      Tensor sVt = make_tensor(make_smem_ptr(s.kv[stage]), typename L::SmemLayoutVt{});
-      Tensor sVw = local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0));
-      Tensor tOrV = thr_o.partition_fragment_B(sVw);
-      // With two stages it is issued without waiting and runs on the tensor cores while the next
-      // tile's S is issued. With one (fp8) the next tile needs these very slots, so wait and release.
-      fence_fragment(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-      warpgroup_commit_batch();
-      if constexpr (kKvStages == 1) {
-        warpgroup_wait<0>();
-        fence_fragment(tOrO);
-        if (warp_leader) {
-          CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) arrive_barrier(&empty[4 * wg + j]);
-        }
-      }
+    const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
+    if constexpr (Types::kFp8) {
+      consume_one_stage<Element>(s, ctx, tOrO, m_run, l_run);
+    } else {
+      consume_two_stage<Element>(s, ctx, tOrO, m_run, l_run);
     }
-    warpgroup_wait<0>();
-    fence_fragment(tOrO);
   }
 
-  // Combine the two warpgroups' partial row sums (row_stat is free: everyone passed barrier 2).
+  // A split launch's combine kernel may be scheduled once every CTA got here (it waits for this grid
+  // to complete before reading anything); without a dependent launch this does nothing.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
-    if (lane % 4 == 0) s.row_stat[wg][row0 + 8 * r] = l_run[r];
+    if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
   }
-  math_barrier(1);
+  math_barrier(kBarEnd);
   float inv_sum[2], lse[2];
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const float l = s.row_stat[0][row0 + 8 * r] + s.row_stat[1][row0 + 8 * r];
+    const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
     // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
     inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;

@@ -35,8 +35,11 @@ struct KernelLayouts {
   using SmemLayoutP =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
-  // S[64 x 32] = Q[64 x 576] K_half^T, one warpgroup per half of the tile's tokens.
+  // S[64 x 64] = Q[64 x 576] K^T, the whole tile by one warpgroup (two-stage, "seesaw" consumer).
   using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimK>>>()));
+  // S[64 x 32] = Q[64 x 576] K_half^T, one warpgroup per half of the tile's tokens (one-stage consumer).
+  using TiledMmaSHalf = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>>()));
   // O[64 x 256] += P[64 x 64] V_half[64 x 256], one warpgroup per half of the 512 output columns.
@@ -79,7 +82,8 @@ struct Fp8Staging {
 // 72 KiB Q + 2 x 72 KiB KV ring (fp8: 1 x 72 KiB + 2 x 36 KiB staging) + 8 KiB P + row statistics
 // and barriers: 226 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
 // tokens) is the contiguous 8 KiB at byte offset c * 8192, because the swizzle atoms are laid out
-// column-block-major.
+// column-block-major. The two-stage consumer writes a tile's P into the tile's own RoPE sub-tile
+// (read by S only, and P has the same 64 x 64 swizzled layout), so `p` serves the fp8 path alone.
 template <class Cache>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
@@ -88,12 +92,19 @@ struct SharedStorage {
   alignas(1024) Element q[kBlockM * kHeadDimK];
   alignas(1024) Element kv[kKvStages][kBlockN * kHeadDimK];
   alignas(1024) Element p[kBlockM * kBlockN];
-  float row_stat[kNumWarpgroups][kBlockM];  // per-warpgroup partial row max each tile; row sums at the end
+  float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
+  float row_sum[kNumWarpgroups][kBlockM];  // each warpgroup's row sums, combined at the end
   uint64_t q_full;                          // Q has landed (one arrival per producer thread)
   uint64_t kv_full[kKvStages * kSubTiles];  // slot stage * kSubTiles + c has landed
   uint64_t kv_empty[kKvStages * kSubTiles]; // every math warp is done reading the slot
   std::conditional_t<Types::kFp8, Fp8Staging, NoStaging> staging;
 };
+
+// The RoPE sub-tile of a KV stage, where the two-stage consumer keeps the tile's P.
+template <class Element>
+__device__ __forceinline__ Element* stage_p(Element* stage) {
+  return stage + (kSubTiles - 1) * kBlockN * kSubTileCols;
+}
 
 // Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple
 // of 8) of 16-bit values; must agree with tile_to_shape(Layout_K_SW128_Atom, (rows, cols)).

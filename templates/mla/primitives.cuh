@@ -29,9 +29,9 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)));
 }
-// Barrier 4 over the 128 producer threads only (the fp8 staging tiles).
+// Barrier 8 over the 128 producer threads only (the fp8 staging tiles); the math warpgroups use 1..7.
 __device__ __forceinline__ void producer_barrier() {
-  asm volatile("bar.sync 4, %0;\n" ::"n"(kProducerThreads) : "memory");
+  asm volatile("bar.sync 8, %0;\n" ::"n"(kProducerThreads) : "memory");
 }
 
 // Four e4m3 values (one 32-bit word, lowest byte first) -> four fp16 values (two words), exactly.
@@ -49,9 +49,18 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_prescaled(uint32_t v) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Barrier `id` (1..15) over the 256 math threads only; the producer never takes part.
+// Barrier `id` (1..7) over the 256 math threads only; the producer never takes part. One side of a
+// hand-over arrives (its shared-memory writes before the arrive are visible to the waiters), the
+// other waits with math_barrier.
 __device__ __forceinline__ void math_barrier(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups));
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
+}
+__device__ __forceinline__ void math_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
+}
+// Barrier `id` over the 128 threads of one math warpgroup.
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
 __device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
   cutlass::arch::ClusterBarrier::wait(bar, uint32_t(parity));

@@ -1,0 +1,348 @@
+// The math warpgroups of the decode kernel (see kernel.cuh for the whole CTA): S = Q K^T, the online
+// softmax, and O += P V over the KV tiles the producer lands in shared memory. Two bodies:
+//
+//   consume_two_stage (bf16 / fp16 caches, two KV stages): "seesaw" ownership. Tile t lives in stage
+//     t % 2 and its S and softmax belong to math warpgroup t % 2 alone (S = 64 x 64, N = 64: each
+//     wgmma reads 2 KiB of Q and 2 KiB of K, as fast as the tensor core consumes them). Both
+//     warpgroups then multiply the tile's P with their own half of V (warpgroup w owns O[:, 256w ..
+//     256w + 255]). The running row max is handed from one warpgroup to the other through shared
+//     memory, tile after tile, so both rescale O and the row sums by the same factors in the same
+//     order and the result is exactly the sequential online softmax. While one warpgroup runs its
+//     softmax on the CUDA cores, the other's wgmma keeps the tensor cores busy.
+//   consume_one_stage (fp8 caches, one fp16 KV stage): both warpgroups compute S for half the tile's
+//     tokens each (N = 32), exchange the row max, write P, and multiply P with their half of V.
+//
+// Math (FlashAttention-2 online softmax, Dao 2023): per row i, m_i = max_j s_ij, p_ij = exp2(s_ij -
+// m_i) in the log2 domain, l_i = sum_j p_ij, o_i = sum_j p_ij v_j; when m_i moves from m to m', O and
+// l are multiplied by exp2(m - m'). Masked scores are -inf, and a row whose max is still -inf
+// subtracts 0 instead, so no -inf - (-inf) = NaN can appear.
+#pragma once
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+
+#include "constants.cuh"
+#include "layouts.cuh"
+#include "primitives.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// What a math thread needs to know about its CTA's keys and rows.
+struct MathContext {
+  int kv_begin;         // first key of the split
+  int num_tiles;        // kBlockN-token tiles in the split (> 0)
+  int key_limit[2];     // keys >= key_limit[r] are masked for row row0 + 8r (split end, causal)
+  float score_scale;    // softmax_scale * log2(e) (times the fp8 factors)
+  int wg, tid_wg, lane;
+  int row0;             // this thread's accumulator rows: row0 and row0 + 8
+};
+
+// ---------------------------------------------------------------------------------------------
+// Softmax pieces on a 64 x N fp32 accumulator fragment. Element i of a thread's fragment is row
+// row0 + 8 * ((i >> 1) & 1), column (i >> 2) * 8 + 2 * (lane % 4) + (i & 1).
+
+// Scale to the log2 domain, mask keys >= key_limit (column n is key tile_start + n), row max.
+template <class Frag>
+__device__ __forceinline__ void scale_mask_rowmax(Frag& S, const MathContext& c, int tile_start, float (&tile_max)[2]) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+  CUTE_UNROLL
+  for (int i = 0; i < size(S); ++i) {
+    const int r = (i >> 1) & 1;
+    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+    const float v = key < c.key_limit[r] ? S(i) * c.score_scale : -INFINITY;
+    S(i) = v;
+    tile_max[r] = fmaxf(tile_max[r], v);
+  }
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {  // the four threads of a row hold its columns
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+  }
+}
+
+// The running max becomes m_new: alpha = the factor for what was accumulated so far, m_sub = what
+// the tile's scores subtract.
+__device__ __forceinline__ void advance_max(float (&m_run)[2], const float (&m_new)[2], float (&alpha)[2],
+                                            float (&m_sub)[2]) {
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
+    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    m_run[r] = m_new[r];
+  }
+}
+
+// l and O times alpha; O only when some row of the warp moved (once the max settles, most tiles skip).
+// The caller guarantees that no wgmma writing O is in flight.
+template <class FragO>
+__device__ __forceinline__ void rescale_o(FragO& O, const float (&alpha)[2]) {
+  if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(O); ++i) O(i) *= alpha[(i >> 1) & 1];
+  }
+}
+template <class FragO>
+__device__ __forceinline__ void rescale(FragO& O, float (&l)[2], const float (&alpha)[2]) {
+  l[0] *= alpha[0];
+  l[1] *= alpha[1];
+  rescale_o(O, alpha);
+}
+
+// P = exp2(S - m_sub) into the 64 x 64 swizzled P tile at p (columns col_base + fragment column),
+// row sums into l.
+template <class Element, class Frag>
+__device__ __forceinline__ void exp_store_p(const Frag& S, const MathContext& c, const float (&m_sub)[2], float (&l)[2],
+                                            Element* p, int col_base) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(S); i += 2) {
+    const int r = (i >> 1) & 1;
+    const float p0 = exp2f(S(i) - m_sub[r]);
+    const float p1 = exp2f(S(i + 1) - m_sub[r]);
+    l[r] += p0 + p1;
+    const int col = col_base + (i >> 2) * 8 + 2 * (c.lane % 4);
+    *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p) + swizzled_offset(c.row0 + 8 * r, col, kBlockM)) =
+        pack2<Element>(p0, p1);
+  }
+}
+
+// S = Q K^T over all 576 columns, each 64-column k-slice issued as soon as its slot has landed.
+template <class TiledMma, class FragQ, class FragK, class FragS>
+__device__ __forceinline__ void issue_s(TiledMma& mma, const FragQ& tSrQ, const FragK& tSrK, FragS& tSrS,
+                                        uint64_t* full, int parity) {
+  constexpr int kKStepsPerSubTile = kSubTileCols / 16;
+  fence_fragment(tSrS);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int c = 0; c < kSubTiles; ++c) {
+    wait_barrier(&full[c], parity);
+    cutlass::arch::fence_view_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
+    CUTE_UNROLL
+    for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
+      cute::gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+  }
+  warpgroup_commit_batch();
+}
+
+// O (+)= P V for this warpgroup's 256 columns of V, P and V read from shared memory.
+template <class TiledMma, class FragP, class FragV, class FragO>
+__device__ __forceinline__ void issue_pv(TiledMma& mma, const FragP& tOrP, const FragV& tOrV, FragO& tOrO) {
+  fence_fragment(tOrO);
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+  warpgroup_commit_batch();
+}
+
+// One arrival of this warp on each of `count` empty barriers starting at `first`.
+__device__ __forceinline__ void release(uint64_t* first, int count, int lane) {
+  if (lane == 0) {
+    for (int j = 0; j < count; ++j) arrive_barrier(first + j);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-stage "seesaw" consumer (bf16 / fp16). Named barriers over both math warpgroups (256 threads,
+// one side arrives, the other waits), plus one per warpgroup (128 threads):
+constexpr int kBarMaxA = 1;   // warpgroup 0 published the row max after its tile (row_max[0])
+constexpr int kBarPA = 2;     // warpgroup 0's P is in its tile's RoPE slot
+constexpr int kBarMaxPB = 3;  // warpgroup 1 published the row max after its tile (row_max[1]) and its P
+constexpr int kBarOwnP = 4;   // + wg: the warpgroup's own four warps finished writing P
+constexpr int kBarEnd = 6;    // both warpgroups' row sums are in row_sum (the epilogue, any consumer)
+// Empty-barrier arrivals a slot of a stage needs, one per math warp that reads it: stage w's tiles
+// are read for S by warpgroup w (all 9 slots) and for P V by warpgroup v (latent slots 4v .. 4v+3);
+// the RoPE slot holds P, which both read.
+__host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
+  return slot == kSubTiles - 1 ? 8 : (slot / 4 == stage ? 4 : 8);
+}
+
+template <class Element, class FragO>
+__device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, const MathContext& c, FragO& tOrO,
+                                                  float (&m_run)[2], float (&l_run)[2]) {
+  using L = KernelLayouts<Element>;
+  typename L::TiledMmaS mma_s;
+  typename L::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O starts cleared and only ever accumulates
+  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
+  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
+  const int wg = c.wg;
+
+  // Operands of both stages: K, P (in the stage's RoPE slot) and this warpgroup's half of V.
+  Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{}));
+  auto k_frag = [&](int st) {
+    return thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.kv[st]), typename L::SmemLayoutKV{}));
+  };
+  auto p_frag = [&](int st) {
+    return thr_o.partition_fragment_A(make_tensor(make_smem_ptr(stage_p(s.kv[st])), typename L::SmemLayoutP{}));
+  };
+  auto v_frag = [&](int st) {
+    Tensor sVt = make_tensor(make_smem_ptr(s.kv[st]), typename L::SmemLayoutVt{});
+    return thr_o.partition_fragment_B(
+        local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0)));
+  };
+  uint64_t* empty0 = &s.kv_empty[0];
+  uint64_t* empty1 = &s.kv_empty[kSubTiles];
+  float alpha[2], m_sub[2], m_new[2];
+  wait_barrier(&s.q_full, 0);
+
+  for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
+    const int parity = i & 1;                      // use i of each stage
+    const bool has_b = 2 * i + 1 < c.num_tiles;    // tile b = 2i + 1 exists (stage 1)
+    if (wg == 0) {
+      // ---- tile a = 2i, stage 0: S, softmax, P into the RoPE slot, O_left += P V.
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      issue_s(mma_s, tSrQ, k_frag(0), tSrS, &s.kv_full[0], parity);
+      warpgroup_wait<0>();
+      fence_fragment(tSrS);
+      release(empty0 + 4, 4, c.lane);  // the right half of V is warpgroup 1's to release
+      float tile_max[2];
+      scale_mask_rowmax(tSrS, c, c.kv_begin + 2 * i * kBlockN, tile_max);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        m_new[r] = fmaxf(m_run[r], tile_max[r]);
+        if (c.lane % 4 == 0) s.row_max[0][c.row0 + 8 * r] = m_new[r];
+      }
+      math_barrier_arrive(kBarMaxA);
+      advance_max(m_run, m_new, alpha, m_sub);
+      rescale(tOrO, l_run, alpha);  // nothing of this warpgroup is in flight
+      exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[0]), 0);
+      cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
+      math_barrier_arrive(kBarPA);
+      warpgroup_barrier(kBarOwnP + wg);
+      issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
+      warpgroup_wait<0>();
+      fence_fragment(tOrO);
+      release(empty0, 4, c.lane);
+      release(empty0 + kSubTiles - 1, 1, c.lane);
+      if (has_b) {
+        // ---- tile b: warpgroup 1's P; O_left += P V once O is on warpgroup 1's new max.
+        math_barrier(kBarMaxPB);
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[1][c.row0 + 8 * r];
+        advance_max(m_run, m_new, alpha, m_sub);
+        rescale(tOrO, l_run, alpha);
+        issue_pv(mma_o, p_frag(1), v_frag(1), tOrO);
+        warpgroup_wait<0>();
+        fence_fragment(tOrO);
+        release(empty1, 4, c.lane);
+        release(empty1 + kSubTiles - 1, 1, c.lane);
+      }
+    } else {
+      // ---- tile b = 2i + 1 (stage 1) is this warpgroup's: queue its S first, so the tensor cores
+      // have work while warpgroup 0 runs the softmax of tile a.
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
+      // ---- tile a (warpgroup 0's): follow its max, O_right += P V.
+      math_barrier(kBarMaxA);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[0][c.row0 + 8 * r];
+      advance_max(m_run, m_new, alpha, m_sub);
+      rescale(tOrO, l_run, alpha);  // no P V of this warpgroup is in flight
+      math_barrier(kBarPA);
+      issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
+      if (has_b) {
+        // ---- tile b: softmax, P, O_right += P V. Queue: S(b), P V(a).
+        warpgroup_wait<1>();
+        fence_fragment(tSrS);
+        release(empty1, 4, c.lane);  // the left half of V is warpgroup 0's to release
+        float tile_max[2];
+        scale_mask_rowmax(tSrS, c, c.kv_begin + (2 * i + 1) * kBlockN, tile_max);
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          m_new[r] = fmaxf(m_run[r], tile_max[r]);
+          if (c.lane % 4 == 0) s.row_max[1][c.row0 + 8 * r] = m_new[r];
+        }
+        advance_max(m_run, m_new, alpha, m_sub);
+        l_run[0] *= alpha[0];
+        l_run[1] *= alpha[1];
+        exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[1]), 0);
+        cutlass::arch::fence_view_async_shared();
+        math_barrier_arrive(kBarMaxPB);
+        warpgroup_wait<0>();  // P V(a) is done: release its slots, then O may be rescaled
+        fence_fragment(tOrO);
+        release(empty0 + 4, 4, c.lane);
+        release(empty0 + kSubTiles - 1, 1, c.lane);
+        rescale_o(tOrO, alpha);
+        warpgroup_barrier(kBarOwnP + wg);
+        issue_pv(mma_o, p_frag(1), v_frag(1), tOrO);
+        warpgroup_wait<0>();
+        fence_fragment(tOrO);
+        release(empty1 + 4, 4, c.lane);
+        release(empty1 + kSubTiles - 1, 1, c.lane);
+      } else {
+        warpgroup_wait<0>();
+        fence_fragment(tOrO);
+        release(empty0 + 4, 4, c.lane);
+        release(empty0 + kSubTiles - 1, 1, c.lane);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-stage consumer (fp8: the widened fp16 tile has one stage). Warpgroup w computes S for tokens
+// [32w, 32w + 32) of the tile, the two exchange their row max, write P (64 x 64) and each multiplies
+// it with its half of V; the slots are released as the reads finish. Named barriers 1 and 2 over
+// both warpgroups.
+template <class Element, class FragO>
+__device__ __forceinline__ void consume_one_stage(SharedStorage<cutlass::float_e4m3_t>& s, const MathContext& c,
+                                                  FragO& tOrO, float (&m_run)[2], float (&l_run)[2]) {
+  using L = KernelLayouts<Element>;
+  static_assert(std::is_same_v<Element, typename CacheTypes<cutlass::float_e4m3_t>::Mma>);
+  typename L::TiledMmaSHalf mma_s;
+  typename L::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;
+  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
+  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
+  const int wg = c.wg;
+  constexpr int kHalfN = kBlockN / kNumWarpgroups;
+
+  Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{}));
+  Tensor sK = make_tensor(make_smem_ptr(s.kv[0]), typename L::SmemLayoutKV{});
+  Tensor tSrK = thr_s.partition_fragment_B(local_tile(sK, Shape<Int<kHalfN>, Int<kHeadDimK>>{}, make_coord(wg, 0)));
+  Tensor tOrP = thr_o.partition_fragment_A(make_tensor(make_smem_ptr(s.p), typename L::SmemLayoutP{}));
+  Tensor sVt = make_tensor(make_smem_ptr(s.kv[0]), typename L::SmemLayoutVt{});
+  Tensor tOrV = thr_o.partition_fragment_B(
+      local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0)));
+  uint64_t* empty = &s.kv_empty[0];
+  float alpha[2], m_sub[2], m_new[2];
+  wait_barrier(&s.q_full, 0);
+
+  for (int t = 0; t < c.num_tiles; ++t) {
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kHalfN>>{});
+    issue_s(mma_s, tSrQ, tSrK, tSrS, &s.kv_full[0], t & 1);
+    warpgroup_wait<0>();
+    fence_fragment(tSrS);
+    // This warpgroup no longer reads the RoPE slot nor the other half's latent slots.
+    release(empty + kSubTiles - 1, 1, c.lane);
+    release(empty + 4 * (1 - wg), 4, c.lane);
+
+    float tile_max[2];
+    scale_mask_rowmax(tSrS, c, c.kv_begin + t * kBlockN + wg * kHalfN, tile_max);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      if (c.lane % 4 == 0) s.row_max[wg][c.row0 + 8 * r] = tile_max[r];
+    }
+    math_barrier(1);  // both warpgroups' maxima are visible; both finished the previous P V (P is free)
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      m_new[r] = fmaxf(m_run[r], fmaxf(s.row_max[0][c.row0 + 8 * r], s.row_max[1][c.row0 + 8 * r]));
+    }
+    advance_max(m_run, m_new, alpha, m_sub);
+    rescale(tOrO, l_run, alpha);
+    exp_store_p(tSrS, c, m_sub, l_run, s.p, wg * kHalfN);
+    cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
+    math_barrier(2);  // P is complete, and both warpgroups have read the row maxima
+
+    // The next tile needs these very slots, so wait for P V and release this half of V.
+    issue_pv(mma_o, tOrP, tOrV, tOrO);
+    warpgroup_wait<0>();
+    fence_fragment(tOrO);
+    release(empty + 4 * wg, 4, c.lane);
+  }
+}
+
+}  // namespace mla
