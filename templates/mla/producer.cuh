@@ -152,7 +152,7 @@ __device__ __forceinline__ void stage_fp8_tile(Fp8Staging& st, int buf, const Ml
                                                int tile_start, int kv_end, int ptid) {
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int sub = ptid % 4;
-  CUTE_UNROLL
+#pragma unroll 1  // kept rolled: unrolled, the page-1 lookup spills in the producer's 40 registers
   for (int pass = 0; pass < 2; ++pass) {
     const int n = pass * 32 + ptid / 4;
     const int token = tile_start + n;
