@@ -27,6 +27,7 @@ QK_ROPE_HEAD_DIM = 64
 HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
 MAX_Q_LEN = 8
 MAX_KV_SPLITS = 256
+HEURISTIC_MAX_SPLITS = 64  # default_num_kv_splits never picks more (measured, docs/perf-notes.md)
 BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
 BLOCK_M = 64  # query rows per CTA
 
@@ -75,15 +76,16 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
     shorter requests get shorter pieces, since the kernel cuts each request's own keys into this many
-    equal runs of 64-key tiles) and at most MAX_KV_SPLITS; never less than 1. Pure arithmetic, never
-    raises. Measured on an H200 in docs/perf-notes.md ("split heuristic").
+    equal runs of 64-key tiles) and at most HEURISTIC_MAX_SPLITS (64: beyond it the combine costs more
+    than the finer split saves); never less than 1. Pure arithmetic, never raises. Measured on an H200
+    in docs/perf-notes.md ("split heuristic").
     """
     ctas = batch * math.ceil(num_heads * q_len / BLOCK_M)
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
     by_len = max(1, math.ceil(max_seq_len / BLOCK_N) // 2)
-    return max(1, min(by_sms, by_len, MAX_KV_SPLITS))
+    return max(1, min(by_sms, by_len, HEURISTIC_MAX_SPLITS))
 
 
 def _check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:

@@ -14,12 +14,9 @@ namespace mla {
 
 constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns
 
-// Grid: one CTA per (request, query token, head) row. Launched as a programmatic dependent of the
-// decode kernel (launch.cuh): its CTAs may start while the decode grid still runs, and wait here
-// until that grid has completed and its workspace writes are visible.
+// Grid: one CTA per (request, query token, head) row.
 template <class Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
   const int h = int(row % a.num_heads);
   const int qi = int((row / a.num_heads) % a.q_len);

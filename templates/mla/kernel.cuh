@@ -203,10 +203,6 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
   }
 
-  // A split launch's combine kernel may be scheduled once every CTA got here (it waits for this grid
-  // to complete before reading anything); without a dependent launch this does nothing.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
