@@ -117,7 +117,7 @@ __device__ __forceinline__ void issue_s(TiledMma& mma, const FragQ& tSrQ, const 
   CUTE_UNROLL
   for (int c = 0; c < kSubTiles; ++c) {
     wait_barrier(&full[c], parity);
-    cutlass::arch::fence_view_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
+    fence_proxy_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
     CUTE_UNROLL
     for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
       cute::gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
@@ -209,7 +209,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
       advance_max(m_run, m_new, alpha, m_sub);
       rescale(tOrO, l_run, alpha);  // nothing of this warpgroup is in flight
       exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[0]), 0);
-      cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
+      fence_proxy_async_shared();  // P stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + wg);
       issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
@@ -259,7 +259,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
         l_run[0] *= alpha[0];
         l_run[1] *= alpha[1];
         exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[1]), 0);
-        cutlass::arch::fence_view_async_shared();
+        fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         warpgroup_wait<0>();  // P V(a) is done: release its slots, then O may be rescaled
         fence_fragment(tOrO);
@@ -334,7 +334,7 @@ __device__ __forceinline__ void consume_one_stage(SharedStorage<cutlass::float_e
     advance_max(m_run, m_new, alpha, m_sub);
     rescale(tOrO, l_run, alpha);
     exp_store_p(tSrS, c, m_sub, l_run, s.p, wg * kHalfN);
-    cutlass::arch::fence_view_async_shared();  // P stores -> wgmma reads
+    fence_proxy_async_shared();  // P stores -> wgmma reads
     math_barrier(2);  // P is complete, and both warpgroups have read the row maxima
 
     // The next tile needs these very slots, so wait for P V and release this half of V.

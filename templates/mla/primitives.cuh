@@ -29,6 +29,12 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)));
 }
+// Orders this thread's earlier shared-memory accesses (generic proxy, cp.async included) before later
+// async-proxy accesses (wgmma operand reads). The "memory" clobber also keeps the compiler from moving
+// shared-memory stores past it (cutlass::arch::fence_view_async_shared has none).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Barrier 8 over the 128 producer threads only (the fp8 staging tiles); the math warpgroups use 1..7.
 __device__ __forceinline__ void producer_barrier() {
   asm volatile("bar.sync 8, %0;\n" ::"n"(kProducerThreads) : "memory");
