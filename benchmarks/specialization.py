@@ -49,7 +49,7 @@ def timed(inputs, flush, reps, **kw) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--json", default=str(REPO / "bench-results" / "specialization.json"))
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()

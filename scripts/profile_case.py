@@ -10,6 +10,8 @@ from mla_variants import mla_decode  # noqa: E402
 
 
 def main() -> None:
+    if len(sys.argv) not in (5, 6) or not all(x.isdigit() and int(x) > 0 for x in sys.argv[1:]):
+        sys.exit(__doc__.splitlines()[0])
     heads, batch, seq, page = (int(x) for x in sys.argv[1:5])
     splits = int(sys.argv[5]) if len(sys.argv) > 5 else None
     pages = batch * ((seq + page - 1) // page)

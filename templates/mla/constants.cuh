@@ -13,7 +13,7 @@ constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring (bf16 / fp16 caches)
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
-constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half the tokens of S and half of O
+constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S
 constexpr int kProducerThreads = 128; // one more warpgroup gathers Q and the KV tiles with cp.async
 constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;
 constexpr int kProducerRegs = 40;     // setmaxnreg budgets: 40 x 128 + 232 x 256 <= 65536
