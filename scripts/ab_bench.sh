@@ -7,7 +7,8 @@
 #   scripts/ab_bench.sh ab --filter "h*_p64_bf16*"  # on the device, with carry [".whl", "shared", "ab"]
 #
 # Environment: BENCH_ARGS (default: the page-64 anchors, checked), CUDAFLAGS_A / CUDAFLAGS_B (extra
-# nvcc flags per side, e.g. -DMLA_L2_PREFETCH=0), OUT (where logs and JSON go; the device sets it).
+# nvcc flags per side, e.g. -DMLA_L2_PREFETCH=0), PYTEST_B (if set, pytest arguments to run B's own
+# tests against B's build, e.g. "-q -x tests/test_gpu_fp8.py"), OUT (where logs and JSON go).
 set -uo pipefail
 other=${1:?usage: scripts/ab_bench.sh OTHER_TREE [build filter args...]}
 shift
@@ -29,6 +30,10 @@ for side in A B; do
   (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" MLA_VARIANTS_GENERATED="/tmp/ab_gen_$side" \
       python3 benchmarks/bench.py $BENCH_ARGS --json "$OUT/ab_$side.json" 2>&1 | tail -3)
 done
+if [ -n "${PYTEST_B:-}" ]; then
+  (cd "$(cd "$other" && pwd)" && PYTHONPATH="$(pwd):${PYTHONPATH:-}" MLA_VARIANTS_GENERATED=/tmp/ab_gen_B \
+      python3 -m pytest -p no:cacheprovider $PYTEST_B 2>&1 | tee "$OUT/ab_pytest_B.log" | tail -8)
+fi
 python3 - "$OUT/ab_A.json" "$OUT/ab_B.json" <<'EOF'
 import json, math, sys
 def cases(path):
