@@ -73,7 +73,7 @@ __device__ __forceinline__ void advance_max(float (&m_run)[2], const float (&m_n
   }
 }
 
-// l and O times alpha; O only when some row of the warp moved (once the max settles, most tiles skip).
+// O times alpha, only when some row of the warp moved (once the max settles, most tiles skip it).
 // The caller guarantees that no wgmma writing O is in flight.
 template <class FragO>
 __device__ __forceinline__ void rescale_o(FragO& O, const float (&alpha)[2]) {
@@ -82,6 +82,7 @@ __device__ __forceinline__ void rescale_o(FragO& O, const float (&alpha)[2]) {
     for (int i = 0; i < size(O); ++i) O(i) *= alpha[(i >> 1) & 1];
   }
 }
+// l and O times alpha.
 template <class FragO>
 __device__ __forceinline__ void rescale(FragO& O, float (&l)[2], const float (&alpha)[2]) {
   l[0] *= alpha[0];

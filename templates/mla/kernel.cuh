@@ -58,11 +58,11 @@ __host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDeco
   return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
 }
 
-// The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
-// split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
 __host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
 
+// The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
+// split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
 __host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits, int split, int& begin,
                                                      int& end) {
   const int tiles = tiles_of(seq_len);

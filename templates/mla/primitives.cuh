@@ -1,5 +1,5 @@
 // Small device primitives shared by the producer and the math warpgroups: cp.async and mbarrier
-// wrappers, named barriers, dtype conversions, and one warpgroup GEMM over partitioned operands.
+// wrappers, proxy fences, named barriers, dtype conversions and operand fences.
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
@@ -99,23 +99,6 @@ template <class Frag>
 __device__ __forceinline__ void fence_fragment(Frag& frag) {
   CUTE_UNROLL
   for (int i = 0; i < size(frag); ++i) warpgroup_fence_operand(frag(i));
-}
-
-// C[M x N] (+)= A B^T over all k-blocks of the partitioned operands, one warpgroup.
-template <class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA const& a, FragB const& b, FragC& c,
-                                               bool zero_init) {
-  fence_fragment(c);
-  warpgroup_arrive();
-  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  fence_fragment(c);
 }
 
 }  // namespace mla
