@@ -13,19 +13,23 @@ set -uo pipefail
 other=${1:?usage: scripts/ab_bench.sh OTHER_TREE [build filter args...]}
 shift
 source "$(dirname "$0")/device_env.sh"
-BENCH_ARGS=${BENCH_ARGS:---anchors shared/anchors-h200.json --check --page 64}
 root=$(pwd)
+# Both sides run from their own tree: give anchors paths as absolute ($PWD/shared/...).
+BENCH_ARGS=${BENCH_ARGS:---anchors $root/shared/anchors-h200.json --check --page 64}
 for side in A B; do
   tree=$root; [ "$side" = B ] && tree=$(cd "$other" && pwd)
   flags_var=CUDAFLAGS_$side
+  # One build tree per source tree: CMake refuses a build folder configured for another source.
+  tag=$side; [ "$side" = B ] && tag=B_$(basename "$tree")
   (cd "$tree" && CUDAFLAGS="${!flags_var:-}" python3 -m codegen build -j 16 "$@" \
-      --build-dir "/tmp/ab_build_$side" --generated-dir "/tmp/ab_gen_$side" 2>&1 | tail -1) || exit 1
+      --build-dir "/tmp/ab_build_$tag" --generated-dir "/tmp/ab_gen_$tag" 2>&1 | tail -3) || exit 1
+  [ "$side" = B ] && gen_B=/tmp/ab_gen_$tag
   # The benchmark and the library come from the side's own tree (its Python package and ABI).
-  (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" MLA_VARIANTS_GENERATED="/tmp/ab_gen_$side" \
+  (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" MLA_VARIANTS_GENERATED="/tmp/ab_gen_$tag" \
       python3 benchmarks/bench.py $BENCH_ARGS --json "$OUT/ab_$side.json" 2>&1 | tail -3)
 done
 if [ -n "${PYTEST_B:-}" ]; then
-  (cd "$(cd "$other" && pwd)" && PYTHONPATH="$(pwd):${PYTHONPATH:-}" MLA_VARIANTS_GENERATED=/tmp/ab_gen_B \
+  (cd "$(cd "$other" && pwd)" && PYTHONPATH="$(pwd):${PYTHONPATH:-}" MLA_VARIANTS_GENERATED=$gen_B \
       python3 -m pytest -p no:cacheprovider $PYTEST_B 2>&1 | tee "$OUT/ab_pytest_B.log" | tail -8)
 fi
 python3 - "$OUT/ab_A.json" "$OUT/ab_B.json" <<'EOF'
