@@ -64,10 +64,19 @@ __device__ __forceinline__ void math_barrier_arrive(int id) {
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
+// mbarrier wait (acquire) and arrive (release) with "memory" clobbers, so the compiler keeps this
+// thread's plain shared-memory loads after the wait and its stores before the arrive (CUTLASS's
+// ClusterBarrier::wait / arrive have no clobber).
 __device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
-  cutlass::arch::ClusterBarrier::wait(bar, uint32_t(parity));
+  asm volatile(
+      "{\n.reg .pred p;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, 0x989680;\n"
+      "@!p bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(uint32_t(parity))
+      : "memory");
 }
-__device__ __forceinline__ void arrive_barrier(uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
+__device__ __forceinline__ void arrive_barrier(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
 
 template <class Element>
 __device__ __forceinline__ uint32_t pack2(float a, float b);

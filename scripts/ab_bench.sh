@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A/B two kernel trees in one call on the H200: the working tree (A) against another tree (B), each
+# built into its own build/generated folders from the same variant filter, benchmarked on the same
+# anchor cases, then compared case by case (B's time / A's time; geomean).
+#
+#   git archive --prefix=ab/ <branch> | tar -x      # here: B's tree in ./ab (ignored by git)
+#   scripts/ab_bench.sh ab --filter "h*_p64_bf16*"  # on the device, with carry [".whl", "shared", "ab"]
+#
+# Environment: BENCH_ARGS (default: the page-64 anchors, checked), CUDAFLAGS_A / CUDAFLAGS_B (extra
+# nvcc flags per side, e.g. -DMLA_L2_PREFETCH=0), PYTEST_B (if set, pytest arguments to run B's own
+# tests against B's build, e.g. "-q -x tests/test_gpu_fp8.py"), OUT (where logs and JSON go).
+set -uo pipefail
+other=${1:?usage: scripts/ab_bench.sh OTHER_TREE [build filter args...]}
+shift
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+BENCH_ARGS=${BENCH_ARGS:---anchors shared/anchors-h200.json --check --page 64}
+root=$(pwd)
+for side in A B; do
+  tree=$root; [ "$side" = B ] && tree=$(cd "$other" && pwd)
+  flags_var=CUDAFLAGS_$side
+  (cd "$tree" && CUDAFLAGS="${!flags_var:-}" python3 -m codegen build -j 16 "$@" \
+      --build-dir "/tmp/ab_build_$side" --generated-dir "/tmp/ab_gen_$side" 2>&1 | tail -1) || exit 1
+  # The benchmark and the library come from the side's own tree (its Python package and ABI).
+  (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" MLA_VARIANTS_GENERATED="/tmp/ab_gen_$side" \
+      python3 benchmarks/bench.py $BENCH_ARGS --json "$OUT/ab_$side.json" 2>&1 | tail -3)
+done
+if [ -n "${PYTEST_B:-}" ]; then
+  (cd "$(cd "$other" && pwd)" && PYTHONPATH="$(pwd):${PYTHONPATH:-}" MLA_VARIANTS_GENERATED=/tmp/ab_gen_B \
+      python3 -m pytest -p no:cacheprovider $PYTEST_B 2>&1 | tee "$OUT/ab_pytest_B.log" | tail -8)
+fi
+python3 - "$OUT/ab_A.json" "$OUT/ab_B.json" <<'EOF'
+import json, math, sys
+def cases(path):
+    data = json.load(open(path))
+    rows = data["cases"] if isinstance(data, dict) else data
+    return {(c["num_heads"], c["batch"], c["seq_mean"], c["page_size"], c["ragged"]): c for c in rows}
+a, b = cases(sys.argv[1]), cases(sys.argv[2])
+ratios = []
+print(f"{'heads':>5} {'batch':>5} {'seq':>6} {'page':>4} {'rag':>3} {'A us':>9} {'B us':>9} {'B/A':>6}")
+for key in sorted(set(a) & set(b)):
+    ra, rb = a[key]["cold_us"], b[key]["cold_us"]
+    ratios.append(rb / ra)
+    print(f"{key[0]:>5} {key[1]:>5} {key[2]:>6} {key[3]:>4} {'y' if key[4] else 'n':>3} {ra:>9.1f} {rb:>9.1f} {rb / ra:>6.3f}")
+if ratios:
+    print(f"geomean B/A over {len(ratios)} cases: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} (below 1: B is faster)")
+EOF
