@@ -10,7 +10,7 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
-constexpr int kStages = 2;            // tiles resident in the shared-memory ring (bf16 / fp16 caches)
+constexpr int kStages = 2;            // tiles resident in the shared-memory ring
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S

@@ -156,10 +156,12 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
 }
 
 // kSFirst: warpgroup 1 queues S(b) before P V(a), so the tensor cores have work while warpgroup 0
-// runs the softmax of tile a; tile a's slots are then released only after S(b) has its data. The fp8
-// producer widens a tile only after it has copied the next one's raw bytes, and it copies into slots
-// as they are released, so for fp8 tile a must not wait for tile b: kSFirst = false releases tile a
-// right after P V(a) and issues S(b) after it.
+// runs the softmax of tile a; tile a's slots are then released only after S(b) has its data.
+// kSFirst = false releases tile a right after P V(a) and issues S(b) after it, which gives the fp8
+// producer's copy and widen warps more slack to refill tile a + 2. Both orders are deadlock-free with
+// the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
+// before widening t would deadlock with kSFirst); which is faster for fp8 is still to be measured
+// (MLA_FP8_S_FIRST).
 template <bool kSFirst, class Cache, class FragO>
 __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {

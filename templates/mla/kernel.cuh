@@ -9,11 +9,11 @@
 // memory, so a NaN in an unused cache slot never meets a zero probability.
 //
 // Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
-//   - warpgroup 0 (producer, producer.cuh, 40 registers) gathers Q once and then the KV tiles through
+//   - warpgroup 0 (producer, producer.cuh, 40 registers; fp8 56) gathers Q once and then the KV tiles through
 //     block_table with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
 //     sub-tile slot has a "full" mbarrier (the copies landed) and an "empty" one (every math warp that
 //     reads it is done), so loads for tile t+2 start as soon as the slots of tile t are released;
-//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers) compute S = Q K^T with wgmma, starting on
+//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 216) compute S = Q K^T with wgmma, starting on
 //     each 64-column sub-tile as it lands, the online softmax, and O += P V; warpgroup w owns
 //     O[:, 256w : 256w+256] in registers. The two warpgroups own alternate tiles' S and
 //     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots;
@@ -192,7 +192,10 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   float l_run[2] = {0.f, 0.f};
   if (num_tiles > 0) {
     const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
-    consume_two_stage</*kSFirst=*/!Types::kFp8>(s, ctx, tOrO, m_run, l_run);
+#ifndef MLA_FP8_S_FIRST
+#define MLA_FP8_S_FIRST 0
+#endif
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
   }
 
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.

@@ -122,8 +122,8 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
 // raw bytes (64 tokens x 64 values, 4 KiB) are copied by cp.async into the upper half of the slot's own
 // 8 KiB fp16 sub-tile and widened there in place (e4m3 -> fp16 is exact), so fp8 needs no staging
 // memory and keeps two fp16 stages. Warps 0-1 copy (they wait for empty slots), warps 2-3 widen (they
-// wait for raw bytes): the two never wait for each other, so a slot that is being refilled never holds
-// up the widening of a tile the math warpgroups need to release it. Rows past kv_end are zero bytes,
+// wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
+// never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
 template <int NUM_HEADS>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
@@ -134,7 +134,7 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
   for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
     const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
-#pragma unroll 3  // a few loads in flight within the producer's 40 registers
+#pragma unroll 3  // a few loads in flight within the producer's registers
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
       uint4 v = make_uint4(0, 0, 0, 0);
