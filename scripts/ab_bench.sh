@@ -12,13 +12,7 @@
 set -uo pipefail
 other=${1:?usage: scripts/ab_bench.sh OTHER_TREE [build filter args...]}
 shift
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+source "$(dirname "$0")/device_env.sh"
 BENCH_ARGS=${BENCH_ARGS:---anchors shared/anchors-h200.json --check --page 64}
 root=$(pwd)
 for side in A B; do

@@ -3,13 +3,7 @@
 #   scripts/device_check.sh [build-filter-args...]
 # Environment: BENCH_ARGS (default: a small subset), PYTEST_ARGS (default: -x -q tests).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m codegen build -j 16 "$@" 2>&1 | tee "$OUT/build.log" | tail -5 || exit 1
 cp build/resource_usage.json "$OUT/" 2>/dev/null

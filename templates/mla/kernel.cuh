@@ -60,12 +60,15 @@ __host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDeco
 
 // The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
 // split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
+// Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
+__host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
+
 __host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits, int split, int& begin,
                                                      int& end) {
-  const int tiles = (seq_len + kBlockN - 1) / kBlockN;
-  const int tiles_per_split = (tiles + num_splits - 1) / num_splits;
-  begin = min(seq_len, split * tiles_per_split * kBlockN);
-  end = min(seq_len, begin + tiles_per_split * kBlockN);
+  const int tiles = tiles_of(seq_len);
+  const int64_t keys_per_split = int64_t((tiles + num_splits - 1) / num_splits) * kBlockN;
+  begin = int(min(int64_t(seq_len), split * keys_per_split));
+  end = int(min(int64_t(seq_len), begin + keys_per_split));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   const int seq_len = bad_len ? 0 : raw_len;
   int kv_begin, kv_end;
   split_range(seq_len, a.num_kv_splits, split, kv_begin, kv_end);
-  const int num_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
+  const int num_tiles = tiles_of(kv_end - kv_begin);
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
