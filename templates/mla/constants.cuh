@@ -10,7 +10,7 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
-constexpr int kStages = 2;            // tiles resident in the shared-memory ring (bf16 / fp16 caches)
+constexpr int kStages = 2;            // tiles resident in the shared-memory ring
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S
@@ -18,6 +18,8 @@ constexpr int kProducerThreads = 128; // one more warpgroup gathers Q and the KV
 constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;
 constexpr int kProducerRegs = 40;     // setmaxnreg budgets: 40 x 128 + 232 x 256 <= 65536
 constexpr int kMathRegs = 232;
+constexpr int kProducerRegsFp8 = 56;  // the fp8 producer (copy + widen warps) spills at 48
+constexpr int kMathRegsFp8 = 216;
 
 constexpr int kChunkElems = 8;        // 16-byte copy chunk, in 16-bit elements
 constexpr int kChunksPerRow = kHeadDimK / kChunkElems;  // 72
@@ -31,5 +33,6 @@ static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of 
 static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,
               "each math warpgroup reads V from 4 latent sub-tiles");
 static_assert(kProducerRegs * kProducerThreads + kMathRegs * 128 * kNumWarpgroups <= 65536, "register file");
+static_assert(kProducerRegsFp8 * kProducerThreads + kMathRegsFp8 * 128 * kNumWarpgroups <= 65536, "register file");
 
 }  // namespace mla

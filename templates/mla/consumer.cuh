@@ -1,16 +1,12 @@
 // The math warpgroups of the decode kernel (see kernel.cuh for the whole CTA): S = Q K^T, the online
-// softmax, and O += P V over the KV tiles the producer lands in shared memory. Two bodies:
-//
-//   consume_two_stage (bf16 / fp16 caches, two KV stages): "seesaw" ownership. Tile t lives in stage
-//     t % 2 and its S and softmax belong to math warpgroup t % 2 alone (S = 64 x 64, N = 64: each
-//     wgmma reads 2 KiB of Q and 2 KiB of K, as fast as the tensor core consumes them). Both
-//     warpgroups then multiply the tile's P with their own half of V (warpgroup w owns O[:, 256w ..
-//     256w + 255]). The running row max is handed from one warpgroup to the other through shared
-//     memory, tile after tile, so both rescale O and the row sums by the same factors in the same
-//     order and the result is exactly the sequential online softmax. While one warpgroup runs its
-//     softmax on the CUDA cores, the other's wgmma keeps the tensor cores busy.
-//   consume_one_stage (fp8 caches, one fp16 KV stage): both warpgroups compute S for half the tile's
-//     tokens each (N = 32), exchange the row max, write P, and multiply P with their half of V.
+// softmax, and O += P V over the KV tiles the producer lands in shared memory, "seesaw" ownership:
+// tile t lives in stage t % 2 and its S and softmax belong to math warpgroup t % 2 alone (S = 64 x 64,
+// N = 64: each wgmma reads 2 KiB of Q and 2 KiB of K, as fast as the tensor core consumes them). Both
+// warpgroups then multiply the tile's P with their own half of V (warpgroup w owns O[:, 256w ..
+// 256w + 255]). The running row max is handed from one warpgroup to the other through shared memory,
+// tile after tile, so both rescale O and the row sums by the same factors in the same order and the
+// result is exactly the sequential online softmax. While one warpgroup runs its softmax on the CUDA
+// cores, the other's wgmma keeps the tensor cores busy.
 //
 // Math (FlashAttention-2 online softmax, Dao 2023): per row i, m_i = max_j s_ij, p_ij = exp2(s_ij -
 // m_i) in the log2 domain, l_i = sum_j p_ij, o_i = sum_j p_ij v_j; when m_i moves from m to m', O and
@@ -160,9 +156,17 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
   return slot == kSubTiles - 1 ? 8 : (slot / 4 == stage ? 4 : 8);
 }
 
-template <class Element, class FragO>
-__device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, const MathContext& c, FragO& tOrO,
+// kSFirst: warpgroup 1 queues S(b) before P V(a), so the tensor cores have work while warpgroup 0
+// runs the softmax of tile a; tile a's slots are then released only after S(b) has its data.
+// kSFirst = false releases tile a right after P V(a) and issues S(b) after it, which gives the fp8
+// producer's copy and widen warps more slack to refill tile a + 2. Both orders are deadlock-free with
+// the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
+// before widening t would deadlock with kSFirst); which is faster for fp8 is still to be measured
+// (MLA_FP8_S_FIRST).
+template <bool kSFirst, class Cache, class FragO>
+__device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
+  using Element = typename CacheTypes<Cache>::Mma;
   using L = KernelLayouts<Element>;
   typename L::TiledMmaS mma_s;
   typename L::TiledMmaO mma_o;
@@ -232,10 +236,9 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
         release(empty1 + kSubTiles - 1, 1, c.lane);
       }
     } else {
-      // ---- tile b = 2i + 1 (stage 1) is this warpgroup's: queue its S first, so the tensor cores
-      // have work while warpgroup 0 runs the softmax of tile a.
+      // ---- tile b = 2i + 1 (stage 1) is this warpgroup's; with kSFirst its S goes first.
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
+      if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
       // ---- tile a (warpgroup 0's): follow its max, O_right += P V.
       math_barrier(kBarMaxA);
       CUTE_UNROLL
@@ -244,9 +247,20 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
       rescale(tOrO, l_run, alpha);  // no P V of this warpgroup is in flight
       math_barrier(kBarPA);
       issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
+      if (!kSFirst) {  // release tile a before anything waits for tile b
+        warpgroup_wait<0>();
+        fence_fragment(tOrO);
+        release(empty0 + 4, 4, c.lane);
+        release(empty0 + kSubTiles - 1, 1, c.lane);
+        if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
+      }
       if (has_b) {
-        // ---- tile b: softmax, P, O_right += P V. Queue: S(b), P V(a).
-        warpgroup_wait<1>();
+        // ---- tile b: softmax, P, O_right += P V. Queue: S(b), then P V(a) with kSFirst.
+        if (kSFirst) {
+          warpgroup_wait<1>();
+        } else {
+          warpgroup_wait<0>();
+        }
         fence_fragment(tSrS);
         release(empty1, 4, c.lane);  // the left half of V is warpgroup 0's to release
         float tile_max[2];
@@ -262,10 +276,12 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
         exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[1]), 0);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
-        warpgroup_wait<0>();  // P V(a) is done: release its slots, then O may be rescaled
-        fence_fragment(tOrO);
-        release(empty0 + 4, 4, c.lane);
-        release(empty0 + kSubTiles - 1, 1, c.lane);
+        if (kSFirst) {
+          warpgroup_wait<0>();  // P V(a) is done: release its slots, then O may be rescaled
+          fence_fragment(tOrO);
+          release(empty0 + 4, 4, c.lane);
+          release(empty0 + kSubTiles - 1, 1, c.lane);
+        }
         rescale_o(tOrO, alpha);
         warpgroup_barrier(kBarOwnP + wg);
         issue_pv(mma_o, p_frag(1), v_frag(1), tOrO);
@@ -273,76 +289,13 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Element>& s, con
         fence_fragment(tOrO);
         release(empty1 + 4, 4, c.lane);
         release(empty1 + kSubTiles - 1, 1, c.lane);
-      } else {
+      } else if (kSFirst) {
         warpgroup_wait<0>();
         fence_fragment(tOrO);
         release(empty0 + 4, 4, c.lane);
         release(empty0 + kSubTiles - 1, 1, c.lane);
       }
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// One-stage consumer (fp8: the widened fp16 tile has one stage). Warpgroup w computes S for tokens
-// [32w, 32w + 32) of the tile, the two exchange their row max, write P (64 x 64) and each multiplies
-// it with its half of V; the slots are released as the reads finish. Named barriers 1 and 2 over
-// both warpgroups.
-template <class Element, class FragO>
-__device__ __forceinline__ void consume_one_stage(SharedStorage<cutlass::float_e4m3_t>& s, const MathContext& c,
-                                                  FragO& tOrO, float (&m_run)[2], float (&l_run)[2]) {
-  using L = KernelLayouts<Element>;
-  static_assert(std::is_same_v<Element, typename CacheTypes<cutlass::float_e4m3_t>::Mma>);
-  typename L::TiledMmaSHalf mma_s;
-  typename L::TiledMmaO mma_o;
-  mma_o.accumulate_ = GMMA::ScaleOut::One;
-  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
-  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
-  const int wg = c.wg;
-  constexpr int kHalfN = kBlockN / kNumWarpgroups;
-
-  Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(s.q), typename L::SmemLayoutQ{}));
-  Tensor sK = make_tensor(make_smem_ptr(s.kv[0]), typename L::SmemLayoutKV{});
-  Tensor tSrK = thr_s.partition_fragment_B(local_tile(sK, Shape<Int<kHalfN>, Int<kHeadDimK>>{}, make_coord(wg, 0)));
-  Tensor tOrP = thr_o.partition_fragment_A(make_tensor(make_smem_ptr(s.p), typename L::SmemLayoutP{}));
-  Tensor sVt = make_tensor(make_smem_ptr(s.kv[0]), typename L::SmemLayoutVt{});
-  Tensor tOrV = thr_o.partition_fragment_B(
-      local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0)));
-  uint64_t* empty = &s.kv_empty[0];
-  float alpha[2], m_sub[2], m_new[2];
-  wait_barrier(&s.q_full, 0);
-
-  for (int t = 0; t < c.num_tiles; ++t) {
-    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kHalfN>>{});
-    issue_s(mma_s, tSrQ, tSrK, tSrS, &s.kv_full[0], t & 1);
-    warpgroup_wait<0>();
-    fence_fragment(tSrS);
-    // This warpgroup no longer reads the RoPE slot nor the other half's latent slots.
-    release(empty + kSubTiles - 1, 1, c.lane);
-    release(empty + 4 * (1 - wg), 4, c.lane);
-
-    float tile_max[2];
-    scale_mask_rowmax(tSrS, c, c.kv_begin + t * kBlockN + wg * kHalfN, tile_max);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      if (c.lane % 4 == 0) s.row_max[wg][c.row0 + 8 * r] = tile_max[r];
-    }
-    math_barrier(1);  // both warpgroups' maxima are visible; both finished the previous P V (P is free)
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      m_new[r] = fmaxf(m_run[r], fmaxf(s.row_max[0][c.row0 + 8 * r], s.row_max[1][c.row0 + 8 * r]));
-    }
-    advance_max(m_run, m_new, alpha, m_sub);
-    rescale(tOrO, l_run, alpha);
-    exp_store_p(tSrS, c, m_sub, l_run, s.p, wg * kHalfN);
-    fence_proxy_async_shared();  // P stores -> wgmma reads
-    math_barrier(2);  // P is complete, and both warpgroups have read the row maxima
-
-    // The next tile needs these very slots, so wait for P V and release this half of V.
-    issue_pv(mma_o, tOrP, tOrV, tOrO);
-    warpgroup_wait<0>();
-    fence_fragment(tOrO);
-    release(empty + 4 * wg, 4, c.lane);
   }
 }
 

@@ -9,14 +9,14 @@
 // memory, so a NaN in an unused cache slot never meets a zero probability.
 //
 // Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
-//   - warpgroup 0 (producer, producer.cuh, 40 registers) gathers Q once and then the KV tiles through
+//   - warpgroup 0 (producer, producer.cuh, 40 registers; fp8 56) gathers Q once and then the KV tiles through
 //     block_table with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
 //     sub-tile slot has a "full" mbarrier (the copies landed) and an "empty" one (every math warp that
 //     reads it is done), so loads for tile t+2 start as soon as the slots of tile t are released;
-//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers) compute S = Q K^T with wgmma, starting on
+//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 216) compute S = Q K^T with wgmma, starting on
 //     each 64-column sub-tile as it lands, the online softmax, and O += P V; warpgroup w owns
-//     O[:, 256w : 256w+256] in registers. bf16/fp16: the two warpgroups own alternate tiles' S and
-//     softmax and hand the row max over ("seesaw"); fp8: one fp16 stage, S split by tokens;
+//     O[:, 256w : 256w+256] in registers. The two warpgroups own alternate tiles' S and
+//     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots;
 //   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
 //     workspace).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
@@ -120,7 +120,6 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
-  constexpr int kKvStages = Types::kKvStages;
   extern __shared__ char smem_raw[];
   char* smem_aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   SharedStorage<Cache>& s = *reinterpret_cast<SharedStorage<Cache>*>(smem_aligned);
@@ -142,22 +141,19 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
     CUTE_UNROLL
-    for (int i = 0; i < kKvStages * kSubTiles; ++i) {
-      cutlass::arch::ClusterBarrier::init(&s.kv_full[i], kProducerThreads);
-      // One arrival per math warp that reads the slot (see consume_two_stage / consume_one_stage).
-      cutlass::arch::ClusterBarrier::init(
-          &s.kv_empty[i], Types::kFp8 ? 4 * kNumWarpgroups : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
-    }
-    if constexpr (Types::kFp8) {
-      cutlass::arch::ClusterBarrier::init(&s.staging.full[0], kProducerThreads);
-      cutlass::arch::ClusterBarrier::init(&s.staging.full[1], kProducerThreads);
+    for (int i = 0; i < kStages * kSubTiles; ++i) {
+      // bf16/fp16: every producer thread's copies; fp8: the widening threads' stores.
+      cutlass::arch::ClusterBarrier::init(&s.kv_full[i], Types::kFp8 ? kFp8WidenThreads : kProducerThreads);
+      // One arrival per math warp that reads the slot (see consume_two_stage).
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[i], two_stage_empty_count(i / kSubTiles, i % kSubTiles));
+      if constexpr (Types::kFp8) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   if (threadIdx.x < kProducerThreads) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<Types::kFp8 ? kProducerRegsFp8 : kProducerRegs>();
     if (num_tiles > 0) {
       if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
@@ -167,7 +163,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
+  cutlass::arch::warpgroup_reg_alloc<Types::kFp8 ? kMathRegsFp8 : kMathRegs>();
 
   const int tid = threadIdx.x - kProducerThreads;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg
@@ -199,11 +195,10 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   float l_run[2] = {0.f, 0.f};
   if (num_tiles > 0) {
     const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
-    if constexpr (Types::kFp8) {
-      consume_one_stage<Element>(s, ctx, tOrO, m_run, l_run);
-    } else {
-      consume_two_stage<Element>(s, ctx, tOrO, m_run, l_run);
-    }
+#ifndef MLA_FP8_S_FIRST
+#define MLA_FP8_S_FIRST 0
+#endif
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
   }
 
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.

@@ -35,13 +35,9 @@ struct KernelLayouts {
   using SmemLayoutP =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
-  // S[64 x 64] = Q[64 x 576] K^T, the whole tile by one warpgroup (two-stage, "seesaw" consumer).
+  // S[64 x 64] = Q[64 x 576] K^T, the whole tile by one warpgroup ("seesaw" consumer).
   using TiledMmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimK>>>()));
-  // S[64 x 32] = Q[64 x 576] K_half^T, one warpgroup per half of the tile's tokens (one-stage consumer).
-  using TiledMmaSHalf = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float,
-                           Shape<Int<kBlockM>, Int<kBlockN / kNumWarpgroups>, Int<kHeadDimK>>>()));
   // O[64 x 256] += P[64 x 64] V_half[64 x 256], one warpgroup per half of the 512 output columns.
   using TiledMmaO = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
@@ -52,15 +48,15 @@ struct KernelLayouts {
 // What a cache dtype computes in. bf16 and fp16 caches run the tensor cores in their own type. An fp8
 // e4m3 cache is widened to fp16 in shared memory by the producer (exact: every e4m3 value is an fp16
 // value); q (bf16) is converted to fp16 times kFp8QPrescale on load (exact unless |q| < 2^-6, where
-// fp16 subnormals keep fewer bits; the factor keeps |q| up to 2^24 finite) and out is bf16. With the
-// staging tiles the fp8 path holds one fp16 KV tile instead of two.
+// fp16 subnormals keep fewer bits; the factor keeps |q| up to 2^24 finite) and out is bf16. The raw
+// fp8 bytes of a slot land in the upper half of that same fp16 slot and are widened in place
+// (producer.cuh), so fp8 keeps the two fp16 stages of the other dtypes.
 template <class Cache>
 struct CacheTypes {
   using Mma = Cache;
   using Q = Cache;
   using Out = Cache;
   static constexpr bool kFp8 = false;
-  static constexpr int kKvStages = kStages;
 };
 template <>
 struct CacheTypes<cutlass::float_e4m3_t> {
@@ -68,36 +64,25 @@ struct CacheTypes<cutlass::float_e4m3_t> {
   using Q = cutlass::bfloat16_t;
   using Out = cutlass::bfloat16_t;
   static constexpr bool kFp8 = true;
-  static constexpr int kKvStages = 1;
 };
 constexpr float kFp8QPrescale = 1.f / 256.f;
 
-struct NoStaging {};
-// Raw fp8 tiles as copied from the cache ([64 tokens][576 bytes], unswizzled), two deep.
-struct Fp8Staging {
-  alignas(128) uint8_t tile[2][kBlockN * kHeadDimK];
-  uint64_t full[2];  // the tile's cp.async copies have landed
-};
-
-// 72 KiB Q + 2 x 72 KiB KV ring (fp8: 1 x 72 KiB + 2 x 36 KiB staging) + 8 KiB P + row statistics
-// and barriers: 226 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
-// tokens) is the contiguous 8 KiB at byte offset c * 8192, because the swizzle atoms are laid out
-// column-block-major. The two-stage consumer writes a tile's P into the tile's own RoPE sub-tile
-// (read by S only, and P has the same 64 x 64 swizzled layout), so `p` serves the fp8 path alone.
+// 72 KiB Q + 2 x 72 KiB KV ring + row statistics and barriers: 216 KiB, one CTA per SM. Sub-tile c of
+// a KV stage (columns 64c .. 64c+63 of all 64 tokens) is the contiguous 8 KiB at byte offset c * 8192,
+// because the swizzle atoms are laid out column-block-major. The consumer writes a tile's P into the
+// tile's own RoPE sub-tile (read by S only, and P has the same 64 x 64 swizzled layout).
 template <class Cache>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
-  static constexpr int kKvStages = Types::kKvStages;
   alignas(1024) Element q[kBlockM * kHeadDimK];
-  alignas(1024) Element kv[kKvStages][kBlockN * kHeadDimK];
-  alignas(1024) Element p[kBlockM * kBlockN];
+  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
   float row_sum[kNumWarpgroups][kBlockM];  // each warpgroup's row sums, combined at the end
-  uint64_t q_full;                          // Q has landed (one arrival per producer thread)
-  uint64_t kv_full[kKvStages * kSubTiles];  // slot stage * kSubTiles + c has landed
-  uint64_t kv_empty[kKvStages * kSubTiles]; // every math warp is done reading the slot
-  std::conditional_t<Types::kFp8, Fp8Staging, NoStaging> staging;
+  uint64_t q_full;                         // Q has landed (one arrival per producer thread)
+  uint64_t kv_full[kStages * kSubTiles];   // slot stage * kSubTiles + c has landed (fp8: widened)
+  uint64_t kv_empty[kStages * kSubTiles];  // every math warp that reads the slot is done
+  uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];  // fp8: the slot's raw bytes have landed
 };
 
 // The RoPE sub-tile of a KV stage, where the two-stage consumer keeps the tile's P.

@@ -35,10 +35,6 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Barrier 8 over the 128 producer threads only (the fp8 staging tiles); the math warpgroups use 1..7.
-__device__ __forceinline__ void producer_barrier() {
-  asm volatile("bar.sync 8, %0;\n" ::"n"(kProducerThreads) : "memory");
-}
 
 // Four e4m3 values (one 32-bit word, lowest byte first) -> four fp16 values (two words), exactly.
 __device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t v) {

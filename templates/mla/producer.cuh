@@ -1,7 +1,7 @@
 // The producer warpgroup of the decode kernel (see kernel.cuh for the whole CTA): it gathers Q and
 // every KV tile of a split through block_table into the shared-memory ring and signals each 8 KiB
 // slot's "full" mbarrier; bf16/fp16 caches with 16-byte cp.async straight into the ring, fp8 caches
-// through raw staging tiles widened to fp16.
+// with cp.async into the slot's upper half, widened to fp16 in place.
 #pragma once
 #include "abi.h"
 #include "constants.cuh"
@@ -118,9 +118,12 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
-// The fp8 producer. Q (bf16) is converted to fp16 x kFp8QPrescale through registers. KV tiles are
-// copied raw (1 byte a value) by cp.async into two staging tiles, then widened sub-tile by sub-tile
-// into the one fp16 KV tile as the math warps release its slots; rows past kv_end are zero bytes,
+// The fp8 producer: Q (bf16) is converted to fp16 x kFp8QPrescale through registers; each KV slot's
+// raw bytes (64 tokens x 64 values, 4 KiB) are copied by cp.async into the upper half of the slot's own
+// 8 KiB fp16 sub-tile and widened there in place (e4m3 -> fp16 is exact), so fp8 needs no staging
+// memory and keeps two fp16 stages. Warps 0-1 copy (they wait for empty slots), warps 2-3 widen (they
+// wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
+// never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
 template <int NUM_HEADS>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
@@ -131,7 +134,7 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
   for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
     const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
-#pragma unroll 3  // a few loads in flight within the producer's 40 registers
+#pragma unroll 3  // a few loads in flight within the producer's registers
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
       uint4 v = make_uint4(0, 0, 0, 0);
@@ -145,67 +148,118 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
   }
 }
 
-// Raw copy of tile t into staging buffer `buf`: four threads per 576-byte row (9 chunks each, so a
-// warp reads 8 rows x 64 contiguous bytes per instruction), 2 rows per thread.
+constexpr int kFp8CopyThreads = 64;   // warps 0-1 of the producer
+constexpr int kFp8WidenThreads = 64;  // warps 2-3: two half rows of a slot each
+constexpr uint32_t kRawOffset = kBlockN * kSubTileCols;  // bytes: the raw copy sits in the slot's upper half
+static_assert(kFp8CopyThreads + kFp8WidenThreads == kProducerThreads && kFp8WidenThreads == kBlockN,
+              "fp8 producer split");
+
+// Barrier 8 over the 64 widening threads: every raw byte of a slot is read before any fp16 lands on it.
+__device__ __forceinline__ void widen_barrier() {
+  asm volatile("bar.sync 8, %0;\n" ::"n"(kFp8WidenThreads) : "memory");
+}
+
+// Copy warps: tile after tile, slot after slot as the math warps release it. Thread ct copies 16-byte
+// chunk ct % 4 of rows ct / 4 + 16 j (j < 4) of every slot; a warp reads 8 rows x 64 bytes per
+// instruction. Pages are looked up one tile ahead.
 template <int PAGE_SIZE>
-__device__ __forceinline__ void stage_fp8_tile(Fp8Staging& st, int buf, const MlaDecodeArgs& a, const int32_t* table,
-                                               int tile_start, int kv_end, int ptid) {
+__device__ __forceinline__ void copy_fp8_tiles(SharedStorage<cutlass::float_e4m3_t>& s, const MlaDecodeArgs& a,
+                                               const int32_t* table, int kv_begin, int kv_end, int first_tile,
+                                               int last_tile, int ct) {
+  constexpr int kRows = 4;  // rows per thread per tile
   const char* cache = static_cast<const char*>(a.kv_cache);
-  const int sub = ptid % 4;
-#pragma unroll 1  // kept rolled: unrolled, the page-1 lookup spills in the producer's 40 registers
-  for (int pass = 0; pass < 2; ++pass) {
-    const int n = pass * 32 + ptid / 4;
-    const int token = tile_start + n;
-    const int32_t page = token < kv_end ? table[token / PAGE_SIZE] : -1;
-    const bool valid = page >= 0;  // as the bf16 path: a negative page id reads nothing (zeros)
-    const char* src = valid ? cache + int64_t(page) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token
-                            : cache;
-    const uint32_t dst = smem_u32(st.tile[buf]) + uint32_t(n * kHeadDimK);
+  const int n0 = ct / 4, q = ct % 4;
+  int32_t page[kRows], next_page[kRows];
+  auto lookup = [&](int t, int32_t (&pg)[kRows]) {
     CUTE_UNROLL
-    for (int k = 0; k < kHeadDimK / 16 / 4; ++k) {
-      const int c = sub + 4 * k;
-      cp_async_16_zfill(dst + c * 16, src + (valid ? c * 16 : 0), valid);
+    for (int j = 0; j < kRows; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
+    }
+  };
+  lookup(first_tile, page);
+  for (int t = first_tile; t < last_tile; ++t) {
+    lookup(t + 1, next_page);
+    const char* src[kRows];
+    CUTE_UNROLL
+    for (int j = 0; j < kRows; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
+                            : cache;
+    }
+    const int stage = t % kStages;
+    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
+    const uint32_t stage_dst = smem_u32(s.kv[stage]) + kRawOffset + uint32_t(n0 * kSubTileCols + q * 16);
+#pragma unroll 1  // kept rolled: the producer has few registers
+    for (int c = 0; c < kSubTiles; ++c) {
+      const int slot = stage * kSubTiles + c;
+      wait_barrier(&s.kv_empty[slot], empty_parity);
+      CUTE_UNROLL
+      for (int j = 0; j < kRows; ++j) {
+        cp_async_16_zfill(stage_dst + uint32_t(c) * 8192u + uint32_t(16 * j * kSubTileCols),
+                          src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
+      }
+      cp_async_arrive_noinc(&s.raw_full[slot]);
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
+  }
+}
+
+// Widening warps. In a slot, fp16 row n fills bytes [128 n, 128 n + 128) (the swizzle only permutes
+// 16-byte chunks within a row) and raw row m sits at [4096 + 64 m, 4096 + 64 m + 64). So rows 0-31
+// widen without touching any raw byte, and rows 32-63 overwrite the raw bytes of every row. Thread w
+// widens half h = w % 2 (32 values) of row r = w / 2 and of row r + 32: first row r straight through,
+// then it reads row r + 32's raw half, and after a barrier of the 64 widening threads (every raw
+// byte has been read) writes it. 8 raw and 16 widened registers at a time.
+__device__ __forceinline__ void widen_half_row(char* slot_base, int row, int half, uint4 lo, uint4 hi) {
+  const uint4 v[2] = {lo, hi};
+  CUTE_UNROLL
+  for (int k = 0; k < 2; ++k) {  // 16 e4m3 values -> fp16 columns 32 half + 16 k .. + 15
+    const uint2 w0 = e4m3x4_to_f16x4(v[k].x), w1 = e4m3x4_to_f16x4(v[k].y);
+    const uint2 w2 = e4m3x4_to_f16x4(v[k].z), w3 = e4m3x4_to_f16x4(v[k].w);
+    const int col = 32 * half + 16 * k;
+    *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col, kBlockN)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+    *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col + 8, kBlockN)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+  }
+}
+
+__device__ __forceinline__ void widen_fp8_tiles(SharedStorage<cutlass::float_e4m3_t>& s, int num_tiles, int w) {
+  const int r = w / 2, half = w % 2;
+  for (int t = 0; t < num_tiles; ++t) {
+    const int stage = t % kStages;
+    char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+#pragma unroll 1
+    for (int c = 0; c < kSubTiles; ++c) {
+      const int slot = stage * kSubTiles + c;
+      char* slot_base = stage_base + c * 8192;
+      const char* raw = slot_base + kRawOffset + 32 * half;
+      wait_barrier(&s.raw_full[slot], (t / kStages) & 1);
+      widen_half_row(slot_base, r, half, *reinterpret_cast<const uint4*>(raw + r * kSubTileCols),
+                     *reinterpret_cast<const uint4*>(raw + r * kSubTileCols + 16));
+      const uint4 lo = *reinterpret_cast<const uint4*>(raw + (r + 32) * kSubTileCols);
+      const uint4 hi = *reinterpret_cast<const uint4*>(raw + (r + 32) * kSubTileCols + 16);
+      widen_barrier();
+      widen_half_row(slot_base, r + 32, half, lo, hi);
+      arrive_barrier(&s.kv_full[slot]);
     }
   }
-  cp_async_arrive_noinc(&st.full[buf]);
 }
 
 template <int NUM_HEADS, int PAGE_SIZE>
 __device__ __forceinline__ void produce_fp8(SharedStorage<cutlass::float_e4m3_t>& s, const MlaDecodeArgs& a, int b,
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
-  Fp8Staging& st = s.staging;
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  stage_fp8_tile<PAGE_SIZE>(st, 0, a, table, kv_begin, kv_end, ptid);
-  if (num_tiles > 1) stage_fp8_tile<PAGE_SIZE>(st, 1, a, table, kv_begin + kBlockN, kv_end, ptid);
+  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
+  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_block_fp8<NUM_HEADS>(s.q, a, b, m_block, ptid);
   arrive_barrier(&s.q_full);
-
-  // Widening: thread -> row n = ptid / 2, 32 columns (half = ptid % 2) of each 64-column sub-tile.
-  const int n = ptid / 2;
-  const int half = ptid % 2;
-  for (int t = 0; t < num_tiles; ++t) {
-    const int buf = t % 2;
-    wait_barrier(&st.full[buf], (t / 2) & 1);
-    const uint8_t* row = st.tile[buf] + n * kHeadDimK + half * 32;
-    char* dst = reinterpret_cast<char*>(s.kv[0]);
-#pragma unroll 1  // kept rolled: the producer has few registers
-    for (int c = 0; c < kSubTiles; ++c) {
-      wait_barrier(&s.kv_empty[c], (t & 1) ^ 1);  // one fp16 stage: use t of every slot
-      CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {  // 16 fp8 values -> two 16-byte fp16 chunks
-        const uint4 v = *reinterpret_cast<const uint4*>(row + c * kSubTileCols + h * 16);
-        const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
-        const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
-        const int col = c * kSubTileCols + half * 32 + h * 16;
-        *reinterpret_cast<uint4*>(dst + swizzled_offset(n, col, kBlockN)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-        *reinterpret_cast<uint4*>(dst + swizzled_offset(n, col + 8, kBlockN)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-      }
-      arrive_barrier(&s.kv_full[c]);
-    }
-    producer_barrier();  // every producer thread is done reading staging buffer `buf`
-    if (t + 2 < num_tiles) stage_fp8_tile<PAGE_SIZE>(st, buf, a, table, kv_begin + (t + 2) * kBlockN, kv_end, ptid);
+  if (ptid < kFp8CopyThreads) {
+    copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+    cp_async_wait_all();  // do not retire while copies are in flight
+  } else {
+    widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
   }
-  cp_async_wait_all();
 }
 
 }  // namespace mla
