@@ -138,12 +138,12 @@ class _Call:
 
     @classmethod
     def of_shape(cls, batch: int, num_heads: int, q_len: int, page_size: int, dtype: torch.dtype, device_index: int,
-                 max_pages: int) -> "_Call":
+                 max_pages: int, kv_dtype: torch.dtype | None = None) -> "_Call":
         """A call known by its shape only (what MLADecodePlan dispatches on before any tensor exists);
-        dtype is a q dtype (bf16/fp16) and selects the variants of that cache dtype."""
+        dtype is a q dtype (bf16/fp16); kv_dtype the cache's (default: dtype) selects the variants."""
         c = cls()
         c.batch, c.num_heads, c.q_len, c.page_size, c.dtype = batch, num_heads, q_len, page_size, dtype
-        c.device_index, c.max_pages, c.key_dtype = device_index, max_pages, _DTYPES[dtype]
+        c.device_index, c.max_pages, c.key_dtype = device_index, max_pages, _KEY_OF[kv_dtype or dtype]
         return c
 
 

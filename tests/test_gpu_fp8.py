@@ -105,3 +105,73 @@ def test_fp8_cache_stride_must_keep_rows_16_byte_aligned():
     out, lse = mla_decode(case.q, wide[..., :576], case.block_table, case.seq_lens, case.softmax_scale, k_scale=1.0)
     ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=1.0)
     assert not compare(out, lse, *ref, **FP8_TOLERANCE)
+
+
+def test_fp8_plan_run_bind_and_graph_follow_k_scale():
+    """MLADecodePlan with kv_dtype=float8_e4m3fn: run with a float scale, bind with a tensor scale, and a
+    captured bound step that follows the tensor's new value and growing lengths."""
+    from mla_variants import MLADecodePlan
+    heads, page, _, _ = _any_fp8_key()
+    g = torch.Generator().manual_seed(11)
+    case = make_paged_case([900, 0, 3000, 65], heads, page, 2, FP8, generator=g, k_scale=37.5)
+    plan = MLADecodePlan(4, heads, page, q_len=2, kv_dtype=FP8, max_seq_len=4096)
+    out = torch.full((4, 2, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((4, heads, 2), float("nan"), device="cuda")
+    plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse, k_scale=37.5)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=37.5)
+    problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+    assert not problems, f"plan.run: {problems}"
+    with pytest.raises(MLAInputError, match="k_scale: expected the dequantization scale"):
+        plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+    with pytest.raises(MLAInputError, match="kv_cache: expected torch.float8_e4m3fn \\(this plan's kv_dtype\\)"):
+        plan.run(case.q, case.kv_cache.to(torch.bfloat16), case.block_table, case.seq_lens, case.softmax_scale,
+                 out=out, lse=lse)
+    scale = torch.tensor([37.5], device="cuda")
+    step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+                     k_scale=scale)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for value, lens in ((0.0625, [850, 0, 2990, 64]), (4.0, [1, 0, 3000, 0])):
+        scale.fill_(value)
+        case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                   k_scale=value)
+        problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+        assert not problems, f"bound step replayed with k_scale {value}, lens {lens}: {problems}"
+
+
+def test_fp8_ops_compile_and_opcheck():
+    import mla_variants.ops  # noqa: F401
+    heads, page, _, _ = _any_fp8_key()
+    case = make_paged_case([200, 1, 3000], heads, page, 1, FP8, generator=torch.Generator().manual_seed(13),
+                           k_scale=0.0625)
+    scale = torch.tensor([0.0625], device="cuda")
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, kv, bt, sl, k_scale):
+            return torch.ops.mla_variants.mla_decode(q[..., :512], q[..., 512:], kv, bt, sl, case.softmax_scale, 0,
+                                                     k_scale)
+
+    out, lse = torch.compile(Attn(), fullgraph=True)(case.q, case.kv_cache, case.block_table, case.seq_lens, scale)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                               k_scale=0.0625)
+    problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+    assert not problems, f"compiled op: {problems}"
+    args = (case.q[..., :512], case.q[..., 512:], case.kv_cache, case.block_table, case.seq_lens,
+            case.softmax_scale, 2)
+    torch.library.opcheck(torch.ops.mla_variants.mla_decode.default, args, {"k_scale": scale})
+    out2 = torch.full((3, 1, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse2 = torch.empty(3, heads, 1, device="cuda")
+    torch.library.opcheck(torch.ops.mla_variants.mla_decode_out.default, args + (out2, lse2), {"k_scale": scale})
+    torch.ops.mla_variants.mla_decode_out(*args, out2, lse2, k_scale=scale)
+    problems = compare(out2, lse2, *ref, **FP8_TOLERANCE)
+    assert not problems, f"mla_decode_out op: {problems}"

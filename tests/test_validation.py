@@ -1,5 +1,7 @@
 """Every wrong input to mla_decode raises MLAInputError naming the argument, the expectation and the value.
 Runs on the CPU: validation happens before anything touches the GPU or the library."""
+import re
+
 import pytest
 import torch
 
@@ -161,9 +163,29 @@ def test_k_scale_parameter_stays_a_device_read():
     assert c.key_dtype == "fp8_e4m3" and c.k_scale_ptr == param.data_ptr() and c.k_scale_tensor is param
 
 
-def test_ops_reject_fp8_caches_by_name():
+def test_ops_take_k_scale_as_a_tensor_and_require_it_for_fp8():
     from mla_variants import ops
     a = _args(kv_cache=torch.zeros(10, 64, 576, dtype=_FP8))
     q = a["q"]
-    with pytest.raises(MLAInputError, match="kv_cache: expected bf16 or fp16 \\(the torch.library ops take no k_scale"):
-        ops.mla_decode_op._init_fn(q[..., :512], q[..., 512:], a["kv_cache"], a["block_table"], a["seq_lens"], 0.1, 0)
+    args = (q[..., :512], q[..., 512:], a["kv_cache"], a["block_table"], a["seq_lens"], 0.1, 0)
+    with pytest.raises(MLAInputError, match="k_scale: expected the dequantization scale of the float8_e4m3fn kv_cache"):
+        ops.mla_decode_op._init_fn(*args)
+    with pytest.raises(MLAInputError, match="k_scale: expected None or a 1-element float32 tensor .*got 0.5"):
+        ops.mla_decode_op._init_fn(*args, k_scale=0.5)
+    with pytest.raises(MLAInputError, match="k_scale: expected a positive float or a 1-element float32"):
+        ops.mla_decode_op._init_fn(*args, k_scale=torch.tensor([0.5, 1.0]))
+    bf16 = (q[..., :512], q[..., 512:], torch.zeros(10, 64, 576, dtype=torch.bfloat16)) + args[3:]
+    with pytest.raises(MLAInputError, match="k_scale: expected None for a torch.bfloat16 kv_cache"):
+        ops.mla_decode_out_op._init_fn(*bf16, torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16),
+                                       torch.zeros(2, 16, 1), k_scale=torch.tensor([0.5]))
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,words", [
+    (torch.float16, _FP8, "kv_dtype: expected None, torch.float16 or (with dtype torch.bfloat16) torch.float8_e4m3fn"),
+    (torch.bfloat16, torch.float16, "kv_dtype: expected None, torch.bfloat16 or"),
+    (torch.bfloat16, torch.int8, "kv_dtype: expected"),
+])
+def test_plan_rejects_a_cache_dtype_it_cannot_serve(dtype, kv_dtype, words):
+    from mla_variants import MLADecodePlan
+    with pytest.raises(MLAInputError, match=re.escape(words)):
+        MLADecodePlan(4, 16, 64, dtype=dtype, kv_dtype=kv_dtype)
