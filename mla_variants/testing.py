@@ -138,6 +138,20 @@ def run_nan_prefilled(case: PagedCase, num_kv_splits: int | None, **kwargs) -> t
     return out, lse
 
 
+def capture_graph(step) -> "torch.cuda.CUDAGraph":
+    """Run `step()` once on a side stream (the warm-up PyTorch's CUDA-graph docs ask for), then capture
+    one call of it into a CUDA graph and return the graph (replay it with ``graph.replay()``)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same cache memory seen as page_size 1: ([num_pages * page_size, 1, 576] view, token-level
     block_table [batch, max_pages * page_size] int32). Used to time a page-P variant against the

@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import MLAInputError, mla_decode, mla_decode_reference  # noqa: E402
-from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case, run_nan_prefilled  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, capture_graph, compare, make_paged_case, run_nan_prefilled  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 
@@ -63,22 +63,22 @@ def test_fp8_k_scale_tensor_followed_by_a_cuda_graph():
     scale = torch.tensor([0.5], device="cuda")
     out = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(3, heads, 1, device="cuda")
-    mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
-               num_kv_splits=1, k_scale=scale)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
-                   num_kv_splits=1, k_scale=scale)
+    graph = capture_graph(lambda: mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                             case.softmax_scale, out=out, lse=lse, num_kv_splits=1, k_scale=scale))
     for value in (0.5, 4.0, 0.03125):
         scale.fill_(value)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                                   k_scale=value)
-        problems = compare(out, lse, *ref, **FP8_TOLERANCE)
-        assert not problems, f"k_scale {value} replayed: {problems}"
+        _replay_and_check(graph, case, out, lse, value, f"k_scale {value} replayed")
+
+
+def _replay_and_check(graph, case, out, lse, k_scale: float, what: str) -> None:
+    """Replay `graph` into NaN-prefilled `out` and compare with the reference at `k_scale`."""
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                               k_scale=k_scale)
+    problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+    assert not problems, f"{what}: {problems}"
 
 
 def test_fp8_large_q_and_mixed_lengths_with_splits():
@@ -129,24 +129,11 @@ def test_fp8_plan_run_bind_and_graph_follow_k_scale():
     scale = torch.tensor([37.5], device="cuda")
     step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
                      k_scale=scale)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     for value, lens in ((0.0625, [850, 0, 2990, 64]), (4.0, [1, 0, 3000, 0])):
         scale.fill_(value)
         case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                                   k_scale=value)
-        problems = compare(out, lse, *ref, **FP8_TOLERANCE)
-        assert not problems, f"bound step replayed with k_scale {value}, lens {lens}: {problems}"
+        _replay_and_check(graph, case, out, lse, value, f"bound step replayed with k_scale {value}, lens {lens}")
 
 
 def test_fp8_ops_compile_and_opcheck():

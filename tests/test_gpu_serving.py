@@ -8,7 +8,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import MLADecodePlan, MLAInputError, mla_decode, mla_decode_reference, workspace_size  # noqa: E402
-from mla_variants.testing import compare, make_paged_case  # noqa: E402
+from mla_variants.testing import capture_graph, compare, make_paged_case  # noqa: E402
 
 
 def _ref(case):
@@ -27,14 +27,8 @@ def test_cuda_graph_replay_tracks_growing_lengths_and_shrinking_batch():
     plan = MLADecodePlan(8, 16, page, max_seq_len=max_len, num_kv_splits=4)
     out = torch.empty(8, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(8, 16, 1, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse)
+    graph = capture_graph(lambda: plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale,
+                                           out=out, lse=lse))
     lens = list(start)
     for step in range(100):
         lens = [n + 1 if n else 0 for n in lens]
@@ -92,14 +86,7 @@ def test_bound_step_matches_run_and_replays_in_a_graph():
     plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=run_out, lse=run_lse)
     torch.cuda.synchronize()
     assert torch.equal(run_out, out) and torch.equal(run_lse, lse)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     case.seq_lens.copy_(torch.tensor([650, 0, 2000, 64], dtype=torch.int32))  # shorter: only written slots
     case.q.normal_(0, 0.1)
     graph.replay()
