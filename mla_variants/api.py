@@ -36,6 +36,7 @@ FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out b
 _KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
 _MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
 _FLT_MIN, _FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38  # fp32 normal range (k_scale travels as fp32)
+_K_SCALE_MAX = _FLT_MAX / 256  # the fp8 kernel divides k_scale by its 2^-8 q prescale in fp32
 
 
 class MLAInputError(ValueError):
@@ -161,16 +162,18 @@ def _set_scale(c: _Call, kv_cache, k_scale) -> None:
 
 def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:
     if type(k_scale) is float:
-        return _FLT_MIN <= k_scale <= _FLT_MAX and softmax_scale * k_scale < _MAX_SCALE
-    return (type(k_scale) is torch.Tensor and k_scale.layout is torch.strided and k_scale.dtype is torch.float32
-            and k_scale.numel() == 1 and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0)
+        return _FLT_MIN <= k_scale <= _K_SCALE_MAX and softmax_scale * k_scale < _MAX_SCALE
+    return (isinstance(k_scale, torch.Tensor) and k_scale.layout is torch.strided and k_scale.dtype is torch.float32
+            and k_scale.numel() == 1 and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0
+            and not k_scale.is_nested and not k_scale.is_neg())
 
 
 def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
-    """k_scale must come with an fp8 cache, and only with one: a positive finite float in fp32's normal
-    range (with softmax_scale * k_scale <= 1e30, so the fp32 score scale stays finite), or a 1-element
-    float32 strided tensor on the cache's device (read by the kernel, so a CUDA graph sees it change;
-    its value is the caller's to keep positive and finite)."""
+    """k_scale must come with an fp8 cache, and only with one: a positive float from fp32's smallest
+    normal value to fp32's largest / 256 (the kernel divides it by its 2^-8 q prescale), with
+    softmax_scale * k_scale <= 1e30 so the fp32 score scale stays finite; or a 1-element float32 strided
+    tensor on the cache's device (read by the kernel, so a CUDA graph sees it change; its value is the
+    caller's to keep in that range). Call it after softmax_scale is checked."""
     if kv_cache.dtype is not FP8_DTYPE:
         if k_scale is not None:
             _fail("k_scale", f"None for a {kv_cache.dtype} kv_cache (k_scale dequantizes float8_e4m3fn caches only)",
@@ -181,9 +184,12 @@ def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
               "None")
     if isinstance(k_scale, torch.Tensor):
         if (k_scale.dtype is not torch.float32 or k_scale.numel() != 1 or k_scale.device != device
-                or k_scale.layout is not torch.strided):
+                or k_scale.layout is not torch.strided or k_scale.is_nested):
             _fail("k_scale", f"a positive float or a 1-element float32 (strided) tensor on {device}",
                   f"a {k_scale.dtype} {k_scale.layout} tensor of shape {tuple(k_scale.shape)} on {k_scale.device}")
+        if k_scale.is_neg():  # a lazily negated view: the kernel would read the un-negated memory
+            _fail("k_scale", "a tensor whose memory holds its value (call .resolve_neg() first)",
+                  "a lazily negated view (is_neg() is True)")
         return
     try:
         ok = not isinstance(k_scale, bool) and isinstance(k_scale, numbers.Real) and 0.0 < float(k_scale) < math.inf
@@ -191,12 +197,10 @@ def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
         ok = False
     if not ok:
         _fail("k_scale", "a positive finite float or a 1-element float32 tensor", repr(k_scale))
-    if not _FLT_MIN <= float(k_scale) <= _FLT_MAX:
-        _fail("k_scale", f"a value in fp32's normal range [{_FLT_MIN:.3g}, {_FLT_MAX:.3g}]", repr(k_scale))
-    try:
-        product = float(softmax_scale) * float(k_scale)
-    except (TypeError, ValueError):
-        return  # softmax_scale gets its own error
+    if not _FLT_MIN <= float(k_scale) <= _K_SCALE_MAX:
+        _fail("k_scale", f"a value in [{_FLT_MIN:.3g}, {_K_SCALE_MAX:.3g}] (fp32's normal range, less the "
+                         "kernel's 2^8 q prescale)", repr(k_scale))
+    product = float(softmax_scale) * float(k_scale)
     if not product <= _MAX_SCALE:
         _fail("k_scale", f"softmax_scale * k_scale <= {_MAX_SCALE:g} (the kernel's fp32 score scale)",
               f"k_scale {k_scale!r} with softmax_scale {softmax_scale!r}")
@@ -327,7 +331,6 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
     _check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
     if kv_cache.shape[-1] != HEAD_DIM:
         _fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    _check_k_scale(k_scale, kv_cache, device, softmax_scale)
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     if num_pages < 1 or page_size < 1:
         _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
@@ -346,6 +349,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
     if not scale_ok or not isinstance(softmax_scale, (int, float)):
         _fail("softmax_scale", f"a finite positive float (at most {_MAX_SCALE:g}, so that scale * log2(e) fits fp32)",
               repr(softmax_scale))
+    _check_k_scale(k_scale, kv_cache, device, softmax_scale)
 
     # -- outputs -------------------------------------------------------------------------------
     if out is not None:
@@ -447,8 +451,9 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       debug: check seq_lens and the used block_table entries against the cache before launching
         (a device-side check plus one synchronization).
       k_scale: float8_e4m3fn caches only (required there): the per-tensor dequantization scale, a
-        positive finite float or a 1-element float32 tensor on the cache's device, which the kernel
-        reads at run time (so a captured CUDA graph follows its value; its value is not checked).
+        positive float (fp32's normal range, at most fp32's max / 256) or a 1-element float32 tensor on the cache's device, which the kernel
+        reads at run time (so a captured CUDA graph follows its value; its value is not checked). A float
+        is passed by value: a captured graph keeps the float it was captured with.
         Scores use q . (cache x k_scale) and the output sums p x (cache x k_scale); the tensor cores
         run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling).
     Returns:

@@ -44,7 +44,8 @@ def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
     int32; num_kv_splits 0 = heuristic; k_scale None, or for a float8_e4m3fn cache (bf16 q) its scale as a
     1-element fp32 tensor on the cache's device. Returns out [batch, q_len, num_heads, 512] (q's dtype) and lse
     [batch, num_heads, q_len] fp32 (natural log). Raises what mla_decode raises; CPU tensors have no
-    kernel (NotImplementedError from the dispatcher)."""
+    kernel (NotImplementedError from the dispatcher); a k_scale that is not a tensor is refused by the
+    op's schema (RuntimeError from torch, naming k_scale) before this function runs."""
     _tensor_scale(k_scale)
     return _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                        num_kv_splits=num_kv_splits or None, k_scale=k_scale)
