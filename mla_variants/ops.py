@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .api import KV_LORA_RANK, _fail, mla_decode as _mla_decode
+from .api import FP8_DTYPE, KV_LORA_RANK, _fail, mla_decode as _mla_decode
 
 
 def _tensor_scale(k_scale) -> None:
@@ -28,11 +28,17 @@ def _tensor_scale(k_scale) -> None:
         _fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", repr(k_scale))
 
 
-def _fake_check(q_nope, q_pe) -> None:
+def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:
+    """What tracing can check without data: q's shapes, and k_scale given exactly for fp8 caches."""
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
-        raise ValueError(f"q_nope/q_pe: expected [batch, q_len, num_heads, 512] and [.., 64], "
-                         f"got {tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+        _fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
+              f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+    if (kv_cache.dtype is FP8_DTYPE) != (k_scale is not None):
+        _fail("k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16",
+              f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
+    if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype is not torch.float32):
+        _fail("k_scale", "a 1-element float32 tensor", f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)}")
 
 
 @torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")
@@ -53,7 +59,7 @@ def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
 
 @mla_decode_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, k_scale=None):
-    _fake_check(q_nope, q_pe)
+    _fake_check(q_nope, q_pe, kv_cache, k_scale)
     batch, q_len, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((batch, q_len, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((batch, num_heads, q_len), dtype=torch.float32))
@@ -72,5 +78,5 @@ def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.
 
 @mla_decode_out_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None):
-    _fake_check(q_nope, q_pe)
+    _fake_check(q_nope, q_pe, kv_cache, k_scale)
     return None

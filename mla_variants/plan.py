@@ -53,8 +53,10 @@ class MLADecodePlan:
                 _fail(name, f"an int from {lo} to {hi}", repr(v))
         if dtype not in _DTYPES:
             _fail("dtype", "torch.bfloat16 or torch.float16", dtype)
-        if kv_dtype is not None and kv_dtype is not dtype and not (kv_dtype is FP8_DTYPE and dtype is torch.bfloat16):
-            _fail("kv_dtype", f"None, {dtype} or (with dtype torch.bfloat16) torch.float8_e4m3fn", kv_dtype)
+        if kv_dtype is FP8_DTYPE and dtype is not torch.bfloat16:
+            _fail("dtype", "torch.bfloat16 with kv_dtype torch.float8_e4m3fn (q and out are bf16)", dtype)
+        if kv_dtype is not None and kv_dtype is not dtype and kv_dtype is not FP8_DTYPE:
+            _fail("kv_dtype", f"None, {dtype} (the dtype of q) or torch.float8_e4m3fn", kv_dtype)
         if not torch.cuda.is_available():
             _fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)

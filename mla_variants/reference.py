@@ -19,9 +19,9 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j
     (scaled dot-product attention, "Attention Is All You Need", arXiv:1706.03762, over the MLA latent
     cache of DeepSeek-V2, arXiv:2405.04434).
-    Raises ValueError where the kernel would give NaN rows instead: a seq_len below 0 or beyond
-    max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages), an fp8 cache
-    without k_scale, or a k_scale given with a bf16/fp16 cache (as mla_decode does).
+    Raises ValueError where the kernel would give NaN rows instead (a seq_len below 0 or beyond
+    max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
+    does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache.
     """
     if k_scale is not None and kv_cache.dtype != FP8_DTYPE:
         raise ValueError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")

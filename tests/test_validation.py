@@ -106,6 +106,28 @@ def test_fake_ops_check_shapes():
                                           torch.empty(3, dtype=torch.int32, **m), 0.1, 0)
 
 
+@pytest.mark.parametrize("kv_dtype,k_scale,words", [
+    (torch.float8_e4m3fn, None, "k_scale: expected a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16, got None with a torch.float8_e4m3fn kv_cache"),
+    (torch.bfloat16, torch.ones(1), "got a tensor with a torch.bfloat16 kv_cache"),
+    (torch.float8_e4m3fn, torch.ones(2), "k_scale: expected a 1-element float32 tensor, got a torch.float32 tensor of shape (2,)"),
+    (torch.float8_e4m3fn, torch.ones(1, dtype=torch.float64), "got a torch.float64 tensor of shape (1,)"),
+])
+def test_fake_ops_check_k_scale_while_tracing(kv_dtype, k_scale, words):
+    """On meta tensors (what torch.compile traces with) the ops refuse a k_scale that does not match
+    the cache's dtype, before any kernel runs."""
+    import mla_variants.ops  # noqa: F401
+    m = dict(device="meta")
+    args = (torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, **m), torch.empty(3, 1, 16, 64, dtype=torch.bfloat16, **m),
+            torch.empty(4, 64, 576, dtype=kv_dtype, **m), torch.empty(3, 4, dtype=torch.int32, **m),
+            torch.empty(3, dtype=torch.int32, **m), 0.1, 0)
+    scale = None if k_scale is None else k_scale.to("meta")
+    with pytest.raises(MLAInputError, match=re.escape(words)):
+        torch.ops.mla_variants.mla_decode(*args, k_scale=scale)
+    out = torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, **m)
+    with pytest.raises(MLAInputError, match=re.escape(words)):
+        torch.ops.mla_variants.mla_decode_out(*args, out, torch.empty(3, 16, 1, **m), k_scale=scale)
+
+
 # -- fp8 caches: q must be bf16, k_scale must come with the fp8 cache and only with it ---------------
 _FP8 = torch.float8_e4m3fn
 
@@ -186,8 +208,8 @@ def test_ops_take_k_scale_as_a_tensor_and_require_it_for_fp8():
 
 
 @pytest.mark.parametrize("dtype,kv_dtype,words", [
-    (torch.float16, _FP8, "kv_dtype: expected None, torch.float16 or (with dtype torch.bfloat16) torch.float8_e4m3fn"),
-    (torch.bfloat16, torch.float16, "kv_dtype: expected None, torch.bfloat16 or"),
+    (torch.float16, _FP8, "dtype: expected torch.bfloat16 with kv_dtype torch.float8_e4m3fn (q and out are bf16), got torch.float16"),
+    (torch.bfloat16, torch.float16, "kv_dtype: expected None, torch.bfloat16 (the dtype of q) or torch.float8_e4m3fn, got torch.float16"),
     (torch.bfloat16, torch.int8, "kv_dtype: expected"),
 ])
 def test_plan_rejects_a_cache_dtype_it_cannot_serve(dtype, kv_dtype, words):
