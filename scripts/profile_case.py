@@ -1,5 +1,6 @@
-"""Run one decode case a few times, for ncu: python scripts/profile_case.py HEADS BATCH SEQ PAGE [SPLITS]
+"""Run one decode case a few times, for ncu: python scripts/profile_case.py HEADS BATCH SEQ PAGE [SPLITS] [fp8]
     ncu --clock-control none -k regex:mla_decode_kernel -s 2 -c 1 --section SpeedOfLight ... python scripts/profile_case.py 16 32 16384 64
+With a trailing `fp8` the cache is float8_e4m3fn (k_scale 0.5) instead of bf16.
 """
 import sys
 
@@ -10,17 +11,23 @@ from mla_variants import mla_decode  # noqa: E402
 
 
 def main() -> None:
-    if len(sys.argv) not in (5, 6) or not all(x.isdigit() and int(x) > 0 for x in sys.argv[1:]):
+    args = sys.argv[1:]
+    fp8 = bool(args) and args[-1] == "fp8"
+    args = args[:-1] if fp8 else args
+    if len(args) not in (4, 5) or not all(x.isdigit() and int(x) > 0 for x in args):
         sys.exit(__doc__.splitlines()[0])
-    heads, batch, seq, page = (int(x) for x in sys.argv[1:5])
-    splits = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    heads, batch, seq, page = (int(x) for x in args[:4])
+    splits = int(args[4]) if len(args) > 4 else None
     pages = batch * ((seq + page - 1) // page)
     kv = (torch.randn(pages + 8, page, 576, device="cuda") * 0.1).to(torch.bfloat16)
     table = torch.randperm(pages + 8, device="cuda")[:pages].view(batch, -1).int()
     lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
     q = (torch.randn(batch, 1, heads, 576, device="cuda") * 0.1).to(torch.bfloat16)
+    extra = {}
+    if fp8:
+        kv, extra = (kv.float() / 0.5).to(torch.float8_e4m3fn), {"k_scale": 0.5}
     for _ in range(4):
-        mla_decode(q, kv, table, lens, 0.07, num_kv_splits=splits)
+        mla_decode(q, kv, table, lens, 0.07, num_kv_splits=splits, **extra)
     torch.cuda.synchronize()
 
 
