@@ -86,3 +86,19 @@ def test_reference_rejects_k_scale_for_a_bf16_cache():
     case = make_paged_case([3, 40], 2, 16, 1, torch.bfloat16, device="cpu", generator=torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match="k_scale: only for a float8_e4m3fn kv_cache"):
         mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
+
+
+def test_fp8_mma_accuracy_study_separates_the_designs():
+    """benchmarks/fp8_mma_accuracy.py (the measurement behind keeping fp16 tensor-core math for fp8
+    caches): widening to fp16 stays inside FP8_TOLERANCE, while e4m3 q for S and e4m3 P for P V leave
+    it once attention is sharp (q_std 10)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_mma_accuracy.py"
+    spec = importlib.util.spec_from_file_location("fp8_mma_accuracy", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    flat = study.run(trials=3, seq=512, heads=16, q_std=0.1, seed=1)
+    sharp = study.run(trials=3, seq=512, heads=16, q_std=10.0, seed=1)
+    assert all(r[0] for r in flat["fp16-widen"]) and all(r[0] for r in sharp["fp16-widen"])
+    assert not any(r[0] for r in sharp["s-fp8"]) and not any(r[0] for r in flat["s-fp8+pv-fp8"])
