@@ -533,5 +533,9 @@ def list_variants() -> list[tuple[int, int, str, bool]]:
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
     """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
     'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache variants; masked head
-    counts and head groups count as served). Raises LibraryNotBuiltError when nothing was built."""
-    return _table_supports(_binding.library().table, num_heads, page_size, _KEY_OF.get(dtype, dtype), split)
+    counts and head groups count as served). Raises MLAInputError for a dtype that is none of these,
+    LibraryNotBuiltError when nothing was built."""
+    key = _KEY_OF.get(dtype, dtype) if isinstance(dtype, (torch.dtype, str)) else None
+    if key not in _KEY_OF.values():
+        _fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", repr(dtype))
+    return _table_supports(_binding.library().table, num_heads, page_size, key, split)

@@ -59,8 +59,8 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
     if new_kv.dim() != 2 or new_kv.shape[-1] != 576:
         raise ValueError(f"new_kv: expected shape [num_tokens, 576], got {tuple(new_kv.shape)}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != new_kv.shape[0] or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_mapping: expected int32/int64 of shape [{new_kv.shape[0]}], "
-                         f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+        raise ValueError(f"slot_mapping: expected int32/int64 of shape [{new_kv.shape[0]}] (one slot per row of "
+                         f"new_kv), got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
@@ -81,7 +81,10 @@ def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_si
     """Flat slots of token `positions[b]` of each request b: block_table[b, pos // page_size] * page_size
     + pos % page_size, as int64 [batch]; positions < 0 map to -1 (skipped by write_kv_cache).
     block_table: [batch, max_pages] int32; positions: [batch] int. Raises RuntimeError (torch's index
-    error) for a position past the table's width."""
+    error) for a position past the table's width, ValueError for positions of another shape."""
+    if positions.dim() != 1 or positions.shape[0] != block_table.shape[0]:
+        raise ValueError(f"positions: expected shape [batch={block_table.shape[0]}] (one per block_table row), "
+                         f"got {tuple(positions.shape)}")
     pos = positions.long()
     page = block_table.gather(1, (pos.clamp_min(0) // page_size)[:, None]).squeeze(1).long()
     return torch.where(pos >= 0, page * page_size + pos.clamp_min(0) % page_size, torch.full_like(pos, -1))

@@ -102,3 +102,16 @@ def test_fp8_mma_accuracy_study_separates_the_designs():
     sharp = study.run(trials=3, seq=512, heads=16, q_std=10.0, seed=1)
     assert all(r[0] for r in flat["fp16-widen"]) and all(r[0] for r in sharp["fp16-widen"])
     assert not any(r[0] for r in sharp["s-fp8"]) and not any(r[0] for r in flat["s-fp8+pv-fp8"])
+
+
+def test_positions_must_match_the_block_table_rows():
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    with pytest.raises(ValueError, match=r"positions: expected shape \[batch=2\] \(one per block_table row\), got \(1,\)"):
+        slot_mapping_for(table, torch.tensor([0]), 16)
+
+
+def test_is_supported_names_an_unknown_dtype():
+    from mla_variants import MLAInputError, is_supported
+    for bad in ("fp8", torch.float32, None):
+        with pytest.raises(MLAInputError, match="dtype: expected torch.bfloat16, torch.float16, torch.float8_e4m3fn"):
+            is_supported(16, 64, bad)
