@@ -451,9 +451,10 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       debug: check seq_lens and the used block_table entries against the cache before launching
         (a device-side check plus one synchronization).
       k_scale: float8_e4m3fn caches only (required there): the per-tensor dequantization scale, a
-        positive float (fp32's normal range, at most fp32's max / 256) or a 1-element float32 tensor on the cache's device, which the kernel
-        reads at run time (so a captured CUDA graph follows its value; its value is not checked). A float
-        is passed by value: a captured graph keeps the float it was captured with.
+        positive float (fp32's normal range, at most fp32's max / 256) or a 1-element float32 tensor on
+        the cache's device, which the kernel reads at run time (so a captured CUDA graph follows its
+        value; its value is not checked). A float is passed by value: a captured graph keeps the float
+        it was captured with.
         Scores use q . (cache x k_scale) and the output sums p x (cache x k_scale); the tensor cores
         run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling).
     Returns:
