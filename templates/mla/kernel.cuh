@@ -49,7 +49,7 @@ struct DecodeParams {
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
   // the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box {64, 64, 1},
-  // 128-byte swizzle. CUtensorMap is 64-byte aligned, so is DecodeParams; the kernel takes it as a
+  // 128-byte swizzle. CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
   // __grid_constant__ parameter, which TMA reads through its generic address.
   int use_tma;
   CUtensorMap kv_map;
@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       if constexpr (Types::kFp8) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
+    fence_proxy_async_shared();  // the initialized barriers, as TMA's complete_tx (async proxy) sees them
   }
   __syncthreads();
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "abi.h"
 #include "combine.cuh"
@@ -16,6 +17,17 @@
 namespace mla {
 
 #if MLA_TMA
+// MLA_TMA=require in the environment (read once): a page-64/128 bf16/fp16 launch whose tensor map
+// cannot be encoded fails with cudaErrorNotSupported instead of falling back to cp.async, so an A/B or
+// a test can prove that the TMA path ran.
+inline bool tma_required() {
+  static const bool required = [] {
+    const char* env = std::getenv("MLA_TMA");
+    return env != nullptr && std::strcmp(env, "require") == 0;
+  }();
+  return required;
+}
+
 // cuTensorMapEncodeTiled, found once through the runtime's driver entry point (the library links only
 // the CUDA runtime, never libcuda), or null when the driver does not offer it. The environment
 // variable MLA_TMA=0 also gives null: every tile then takes the cp.async path (A/B without a rebuild).
@@ -47,8 +59,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // The page count is not in MlaDecodeArgs. The map's third extent only bounds which page indices TMA
 // accepts (an index past it would read zeros), and the driver checks each extent alone (<= 2^32), not
 // extent times stride, so the map claims pages up to 2^44 bytes (16 TiB) past the base, capped at
-// 2^31 - 1 pages (block_table holds int32): far more than any cache one GPU can hold, while every
-// address TMA can form stays below base + 2^44, well inside the 48-bit virtual address space.
+// 2^31 - 1 pages (block_table holds int32): far more than any cache one GPU can hold. Only in-range
+// coordinates (page ids from block_table) are ever formed.
 template <class Cache, int PAGE_SIZE>
 bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
   static_assert(sizeof(Cache) == 2, "the TMA path is for 16-bit caches");
@@ -103,7 +115,10 @@ int launch(const MlaDecodeArgs* args) {
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (kTmaPages<Cache, PAGE_SIZE>) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+  if constexpr (kTmaPages<Cache, PAGE_SIZE>) {
+    p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+    if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
+  }
 #endif
   const int64_t grid_x = int64_t(p.num_m_blocks) * a.batch;
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);

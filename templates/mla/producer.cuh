@@ -118,7 +118,7 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
     const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
     if constexpr (kTma) {
       const int tile_start = kv_begin + t * kBlockN;
-      if (kv_map != nullptr && tile_start + kBlockN <= kv_end) {
+      if (kv_map != nullptr && kv_end - tile_start >= kBlockN) {  // no int overflow near INT_MAX
         // page[0] of thread 0 is table[tile_start / PAGE_SIZE] (row n0 + 16 * 0 = 0 of the tile).
         const uint32_t stage_base = smem_u32(s.kv[stage]);
         CUTE_UNROLL
