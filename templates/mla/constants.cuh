@@ -1,6 +1,13 @@
 // Fixed dimensions and tile sizes of the MLA decode kernel (see kernel.cuh for how they are used).
 #pragma once
 
+// MLA_TMA (default 1): bf16/fp16 variants with a page size that is a multiple of kBlockN load every
+// full KV tile (all 64 tokens below the split's end) with TMA tensor copies, one 8 KiB box per
+// sub-tile; -DMLA_TMA=0 compiles the cp.async gather back in for every tile (see producer.cuh).
+#ifndef MLA_TMA
+#define MLA_TMA 1
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row

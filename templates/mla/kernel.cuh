@@ -10,7 +10,7 @@
 //
 // Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
 //   - warpgroup 0 (producer, producer.cuh, 40 registers; fp8 56) gathers Q once and then the KV tiles through
-//     block_table with 16-byte cp.async into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
+//     block_table with 16-byte cp.async (bf16/fp16 with pages of 64 or 128 tokens: full tiles with TMA) into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
 //     sub-tile slot has a "full" mbarrier (the copies landed) and an "empty" one (every math warp that
 //     reads it is done), so loads for tile t+2 start as soon as the slots of tile t are released;
 //   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 216) compute S = Q K^T with wgmma, starting on
@@ -22,6 +22,7 @@
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
+#include <cuda.h>  // CUtensorMap (a type only: the library does not link libcuda)
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -45,6 +46,14 @@ struct DecodeParams {
   MlaDecodeArgs a;
   int num_m_blocks;     // ceil(NUM_HEADS * q_len / kBlockM)
   float scale_log2;     // softmax_scale * log2(e)
+#if MLA_TMA
+  // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
+  // the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box {64, 64, 1},
+  // 128-byte swizzle. CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
+  // __grid_constant__ parameter, which TMA reads through its generic address.
+  int use_tma;
+  CUtensorMap kv_map;
+#endif
 };
 
 // Where the split-KV partial results live inside the workspace.
@@ -149,6 +158,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       if constexpr (Types::kFp8) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
+    fence_proxy_async_shared();  // the initialized barriers, as TMA's complete_tx (async proxy) sees them
   }
   __syncthreads();
 
@@ -158,7 +168,13 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else {
-        produce<Cache, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+        const void* kv_map = nullptr;
+#if MLA_TMA
+        if constexpr (kTmaPages<Cache, PAGE_SIZE>) {
+          if (p.use_tma) kv_map = &p.kv_map;
+        }
+#endif
+        produce<Cache, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
       }
     }
     return;

@@ -2,13 +2,92 @@
 // decode kernel and, for split-KV variants, the combine kernel. Included by each generated
 // translation unit, which instantiates launch<Cache, NUM_HEADS, PAGE_SIZE, SPLIT> (Cache: the kv_cache element type).
 #pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "abi.h"
 #include "combine.cuh"
 #include "kernel.cuh"
 
 namespace mla {
+
+#if MLA_TMA
+// MLA_TMA=require in the environment (read once): a page-64/128 bf16/fp16 launch whose tensor map
+// cannot be encoded fails with cudaErrorNotSupported instead of falling back to cp.async, so an A/B or
+// a test can prove that the TMA path ran.
+inline bool tma_required() {
+  static const bool required = [] {
+    const char* env = std::getenv("MLA_TMA");
+    return env != nullptr && std::strcmp(env, "require") == 0;
+  }();
+  return required;
+}
+
+// cuTensorMapEncodeTiled, found once through the runtime's driver entry point (the library links only
+// the CUDA runtime, never libcuda), or null when the driver does not offer it. The environment
+// variable MLA_TMA=0 also gives null: every tile then takes the cp.async path (A/B without a rebuild).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
+    const char* env = std::getenv("MLA_TMA");
+    if (env != nullptr && env[0] == '0' && env[1] == '\0') return nullptr;
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || f == nullptr) {
+      (void)cudaGetLastError();  // a failed look-up must not surface as the launch's error
+      return nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of a 16-bit cache: {576 values, PAGE_SIZE tokens, pages}, byte strides {token, page},
+// box {64, 64, 1} (one 8 KiB sub-tile), 128-byte swizzle. False (the launch then uses cp.async for
+// every tile) when TMA cannot address the cache: a base that is not 16-byte aligned, strides that are
+// not positive multiples of 16 bytes below 2^40, or an encoder error.
+//
+// The page count is not in MlaDecodeArgs. The map's third extent only bounds which page indices TMA
+// accepts (an index past it would read zeros), and the driver checks each extent alone (<= 2^32), not
+// extent times stride, so the map claims pages up to 2^44 bytes (16 TiB) past the base, capped at
+// 2^31 - 1 pages (block_table holds int32): far more than any cache one GPU can hold. Only in-range
+// coordinates (page ids from block_table) are ever formed.
+template <class Cache, int PAGE_SIZE>
+bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
+  static_assert(sizeof(Cache) == 2, "the TMA path is for 16-bit caches");
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  constexpr uint64_t kLimit = uint64_t(1) << 40;
+  if (reinterpret_cast<uintptr_t>(a.kv_cache) % 16 != 0 || a.kv_stride_token <= 0 || a.kv_stride_page <= 0 ||
+      uint64_t(a.kv_stride_token) >= kLimit / 2 || uint64_t(a.kv_stride_page) >= kLimit / 2) {
+    return false;
+  }
+  const uint64_t token_bytes = uint64_t(a.kv_stride_token) * 2, page_bytes = uint64_t(a.kv_stride_page) * 2;
+  if (token_bytes % 16 != 0 || page_bytes % 16 != 0) return false;
+  uint64_t pages = (uint64_t(1) << 44) / page_bytes;
+  if (pages > 0x7fffffffu) pages = 0x7fffffffu;
+  const cuuint64_t dims[3] = {cuuint64_t(kHeadDimK), cuuint64_t(PAGE_SIZE), cuuint64_t(pages)};
+  const cuuint64_t strides[2] = {cuuint64_t(token_bytes), cuuint64_t(page_bytes)};
+  const cuuint32_t box[3] = {cuuint32_t(kSubTileCols), cuuint32_t(kBlockN), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dtype = std::is_same<Cache, cutlass::bfloat16_t>::value
+                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, dtype, 3, const_cast<void*>(a.kv_cache), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+#endif
 
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 int launch(const MlaDecodeArgs* args) {
@@ -33,6 +112,14 @@ int launch(const MlaDecodeArgs* args) {
   p.a = a;
   p.num_m_blocks = (NUM_HEADS * a.q_len + kBlockM - 1) / kBlockM;
   p.scale_log2 = a.softmax_scale * kLog2e;
+#if MLA_TMA
+  p.use_tma = 0;
+  p.kv_map = CUtensorMap{};
+  if constexpr (kTmaPages<Cache, PAGE_SIZE>) {
+    p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+    if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
+  }
+#endif
   const int64_t grid_x = int64_t(p.num_m_blocks) * a.batch;
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 

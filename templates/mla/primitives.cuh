@@ -1,4 +1,4 @@
-// Small device primitives shared by the producer and the math warpgroups: cp.async and mbarrier
+// Small device primitives shared by the producer and the math warpgroups: cp.async, TMA and mbarrier
 // wrappers, proxy fences, named barriers, dtype conversions and operand fences.
 #pragma once
 #include <cuda_runtime.h>
@@ -76,6 +76,27 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
 }
 __device__ __forceinline__ void arrive_barrier(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// TMA (cp.async.bulk.tensor) pieces. The elected thread announces the bytes a copy will deliver on
+// the mbarrier (this also counts as its arrival), then issues the copy, which completes the
+// transaction on that mbarrier. The tensor map lives in the kernel's parameter space
+// (__grid_constant__), addressed generically.
+__device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+// Box {64 columns, 64 tokens, 1 page} at coordinates (c0, c1, c2) into 8 KiB of shared memory at
+// smem_dst (1024-byte aligned, so the map's 128-byte swizzle is the one wgmma reads).
+__device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tensor_map, uint64_t* bar, int c0,
+                                            int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+      ::"r"(smem_dst), "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
 }
 
 template <class Element>

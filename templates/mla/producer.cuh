@@ -1,7 +1,8 @@
 // The producer warpgroup of the decode kernel (see kernel.cuh for the whole CTA): it gathers Q and
 // every KV tile of a split through block_table into the shared-memory ring and signals each 8 KiB
-// slot's "full" mbarrier; bf16/fp16 caches with 16-byte cp.async straight into the ring, fp8 caches
-// with cp.async into the slot's upper half, widened to fp16 in place.
+// slot's "full" mbarrier; bf16/fp16 caches with 16-byte cp.async straight into the ring (or, for a
+// page size that is a multiple of 64, full tiles with TMA), fp8 caches with cp.async into the slot's
+// upper half, widened to fp16 in place.
 #pragma once
 #include "abi.h"
 #include "constants.cuh"
@@ -58,14 +59,37 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
   }
 }
 
+// Whether a variant loads full KV tiles with TMA: bf16/fp16 caches whose pages hold whole 64-token
+// tiles. split_range starts every split at a multiple of kBlockN, so tile t of a split starts at token
+// kv_begin + 64 t, a multiple of 64: with PAGE_SIZE % 64 == 0 a tile is exactly the 64 tokens at
+// offset (kv_begin + 64 t) % PAGE_SIZE of one page, which one box {64 columns, 64 tokens, 1 page}
+// per sub-tile addresses.
+template <class Cache, int PAGE_SIZE>
+constexpr bool kTmaPages = MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0;
+
 // The whole producer: Q, then every KV tile of [kv_begin, kv_end) sub-tile by sub-tile. Eight
 // threads share a 128-byte row segment of a sub-tile (one 16-byte chunk each), so every warp
 // instruction reads 4 full 128-byte lines; a thread owns the tile's rows ptid / 8 + 16 j (j < 4),
 // whose pages are looked up one tile ahead. Rows past kv_end are zero-filled (zeros, so 0 * V never
 // meets a NaN left in an unused cache slot).
+//
+// With kTmaPages and a tensor map (kv_map != nullptr: the host encoded one), a full tile (all 64
+// tokens < kv_end) is loaded by TMA instead: thread 0, whose row-0 page is the tile's page, announces
+// 8 KiB on the slot's full barrier (arrive.expect_tx) and issues the sub-tile's box; the other 127
+// threads arrive plainly, so the barrier keeps its 128 arrivals on either path. Every thread still
+// waits for the slot's empty barrier first: an arrival made before the slot's previous use had
+// completed would count toward that use's phase. The tile that holds kv_end keeps the cp.async path,
+// whose zero fill keeps whatever lies past seq_len (possibly NaN) out of shared memory. TMA writes
+// the same bytes as the cp.async path: the map's 128-byte swizzle puts 16-byte chunk j of token row r
+// at chunk j ^ (r % 8) of the row's 128 bytes in each 1024-byte group of 8 rows (the slot is 1024-byte
+// aligned), which is swizzled_offset(r, 64 c + 8 j, 64) - 8192 c.
 template <class Element, int NUM_HEADS, int PAGE_SIZE>
 __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDecodeArgs& a, int b, int m_block,
-                                        int kv_begin, int kv_end, int num_tiles, int ptid) {
+                                        int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map) {
+  constexpr bool kTma = kTmaPages<Element, PAGE_SIZE>;
+  if constexpr (kTma) {
+    if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
+  }
   load_q_block<Element, NUM_HEADS>(s.q, a, b, m_block, ptid);
   cp_async_arrive_noinc(&s.q_full);
 
@@ -90,6 +114,30 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
   lookup(0, page);
   for (int t = 0; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
+    const int stage = t % kStages;
+    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
+    if constexpr (kTma) {
+      const int tile_start = kv_begin + t * kBlockN;
+      if (kv_map != nullptr && kv_end - tile_start >= kBlockN) {  // no int overflow near INT_MAX
+        // page[0] of thread 0 is table[tile_start / PAGE_SIZE] (row n0 + 16 * 0 = 0 of the tile).
+        const uint32_t stage_base = smem_u32(s.kv[stage]);
+        CUTE_UNROLL
+        for (int c = 0; c < kSubTiles; ++c) {
+          const int slot = stage * kSubTiles + c;
+          wait_barrier(&s.kv_empty[slot], empty_parity);
+          if (ptid == 0) {
+            arrive_expect_tx(&s.kv_full[slot], uint32_t(kBlockN * kSubTileCols * sizeof(Element)));
+            tma_load_3d(stage_base + uint32_t(c) * 8192u, kv_map, &s.kv_full[slot], c * kSubTileCols,
+                        tile_start % PAGE_SIZE, page[0]);
+          } else {
+            arrive_barrier(&s.kv_full[slot]);
+          }
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < kPasses; ++j) page[j] = next_page[j];
+        continue;
+      }
+    }
     const char* src[kPasses];
     CUTE_UNROLL
     for (int j = 0; j < kPasses; ++j) {
@@ -98,8 +146,6 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
                                           int64_t(sizeof(Element)) + sub * 16
                             : cache;
     }
-    const int stage = t % kStages;
-    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
     const uint32_t stage_dst = smem_u32(s.kv[stage]) + chunk_dst;
     CUTE_UNROLL
     for (int c = 0; c < kSubTiles; ++c) {
