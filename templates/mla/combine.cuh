@@ -12,39 +12,127 @@
 
 namespace mla {
 
-constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns
+constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns of its row
+constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in flight
 
-// Grid: one CTA per (request, query token, head) row.
+// Block-wide max or sum of one float per thread (all threads get the result).
+template <bool kMax>
+__device__ __forceinline__ float combine_reduce(float v, float* scratch) {
+  CUTE_UNROLL
+  for (int d = 16; d > 0; d /= 2) {
+    const float o = __shfl_xor_sync(0xffffffff, v, d);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = scratch[0];
+  CUTE_UNROLL
+  for (int w = 1; w < kCombineWarps; ++w) v = kMax ? fmaxf(v, scratch[w]) : v + scratch[w];
+  __syncthreads();  // scratch is reused by the next reduction
+  return v;
+}
+
+// Grid: one CTA per (request, query token, head) row; two ways through it, picked per launch:
+// - few splits (<= kCombineUnroll, e.g. large batches split 2-8 ways): every thread reads all the
+//   splits' lse values itself (same address across the CTA: one broadcast transaction) together with
+//   its 4 columns of every split's partial output, all in one round trip with no barrier;
+// - more splits: the splits' lse values are read in parallel (split s by thread s %
+//   kCombineThreads), their weights exp(lse_s - max) staged in shared memory kCombineThreads splits
+//   at a time, and each thread accumulates its 4 columns over the staged splits with kCombineUnroll
+//   independent 16-byte loads in flight. The first version looped over the splits one dependent
+//   load after another: 13 us of a 39 us call at 64 splits (docs/perf-notes.md, combine v2).
 template <class Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ float weight[kCombineThreads];
+  __shared__ float scratch[kCombineWarps];
   const int64_t row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
   const int h = int(row % a.num_heads);
   const int qi = int((row / a.num_heads) % a.q_len);
   const int b = int(row / (int64_t(a.num_heads) * a.q_len));
   const int64_t rows_per_split = int64_t(a.batch) * a.q_len * a.num_heads;
+  const int num_splits = a.num_kv_splits;
   const SplitWorkspace ws = split_workspace(a);
-
-  float max_lse = -INFINITY;
-  bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
-  for (int split = 0; split < a.num_kv_splits; ++split) {
-    const float l = ws.lse[split * rows_per_split + row];
-    bad |= isnan(l);
-    max_lse = fmaxf(max_lse, l);
-  }
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum = 0.f;
-  if (max_lse != -INFINITY) {
-    for (int split = 0; split < a.num_kv_splits; ++split) {
-      const float w = __expf(ws.lse[split * rows_per_split + row] - max_lse);
-      if (w == 0.f) continue;  // empty split: its partial output is never read
-      const float4 o = *reinterpret_cast<const float4*>(ws.o + (split * rows_per_split + row) * kHeadDimV + threadIdx.x * 4);
-      sum += w;
-      acc.x += w * o.x;
-      acc.y += w * o.y;
-      acc.z += w * o.z;
-      acc.w += w * o.w;
+  float max_lse = -INFINITY;
+  bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
+  if (num_splits <= kCombineUnroll) {
+    const float* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+    const int64_t split_stride = rows_per_split * kHeadDimV;
+    float l[kCombineUnroll];
+    float4 o[kCombineUnroll];
+    CUTE_UNROLL
+    for (int s = 0; s < kCombineUnroll; ++s) {
+      l[s] = s < num_splits ? ws.lse[s * rows_per_split + row] : -INFINITY;
+      // Read before the weight is known (one round trip): an empty split's partial output was never
+      // written and may hold anything, so it is selected away below, never multiplied by 0.
+      o[s] = s < num_splits ? *reinterpret_cast<const float4*>(o_row + s * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    CUTE_UNROLL
+    for (int s = 0; s < kCombineUnroll; ++s) {
+      bad |= isnan(l[s]);
+      max_lse = fmaxf(max_lse, l[s]);
+    }
+    if (max_lse != -INFINITY) {
+      CUTE_UNROLL
+      for (int s = 0; s < kCombineUnroll; ++s) {
+        const float w = __expf(l[s] - max_lse);
+        if (w != 0.f) {
+          sum += w;
+          acc.x += w * o[s].x;
+          acc.y += w * o[s].y;
+          acc.z += w * o[s].z;
+          acc.w += w * o[s].w;
+        }
+      }
+    }
+  } else {
+    // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
+    // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
+    for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+      const float l = ws.lse[s * rows_per_split + row];
+      bad |= isnan(l);
+      max_lse = fmaxf(max_lse, l);
+    }
+    bad = __syncthreads_or(bad);
+    max_lse = combine_reduce<true>(max_lse, scratch);
+
+    // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
+    // lse -inf, weighs exactly 0, and its partial output (never written) is not read.
+    if (max_lse != -INFINITY) {  // uniform over the CTA
+      const float* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+      const int64_t split_stride = rows_per_split * kHeadDimV;
+      for (int first = 0; first < num_splits; first += kCombineThreads) {
+        const int n = min(kCombineThreads, num_splits - first);
+        if (int(threadIdx.x) < n) {
+          const float w = __expf(ws.lse[(first + threadIdx.x) * rows_per_split + row] - max_lse);
+          weight[threadIdx.x] = w;
+          sum += w;
+        }
+        __syncthreads();
+        const float* o_first = o_row + first * split_stride;
+        for (int i = 0; i < n; i += kCombineUnroll) {
+          float4 o[kCombineUnroll];
+          CUTE_UNROLL
+          for (int u = 0; u < kCombineUnroll; ++u) {
+            const bool live = i + u < n && weight[min(i + u, n - 1)] != 0.f;
+            o[u] = live ? *reinterpret_cast<const float4*>(o_first + (i + u) * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+          CUTE_UNROLL
+          for (int u = 0; u < kCombineUnroll; ++u) {
+            const float w = i + u < n ? weight[min(i + u, n - 1)] : 0.f;
+            acc.x += w * o[u].x;
+            acc.y += w * o[u].y;
+            acc.z += w * o[u].z;
+            acc.w += w * o[u].w;
+          }
+        }
+        __syncthreads();  // the next chunk overwrites `weight`
+      }
+    }
+    sum = combine_reduce<false>(sum, scratch);  // each thread summed the weights it staged
   }
   float inv = sum > 0.f ? 1.f / sum : 0.f;
   if (bad) inv = sum = __int_as_float(0x7fc00000);
