@@ -270,25 +270,50 @@ __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int hal
   }
 }
 
+// Widens kN consecutive slots of a stage together: all their raw halves are loaded up front (one
+// shared-memory round trip instead of two per slot), rows r widened, one barrier of the widening
+// threads for all kN slots, then rows r + 32. Per-slot serial latency (raw wait, load, convert,
+// store, barrier) is what bounds the two widening warps (docs/perf-notes.md, fp8 v3).
+template <int kN>
+__device__ __forceinline__ void widen_slots(SharedStorage<cutlass::float_e4m3_t>& s, char* stage_base, int stage,
+                                            int c0, int parity, int r, int half) {
+  uint4 raw[kN][4];
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
+    const char* src = stage_base + (c0 + i) * 8192 + kRawOffset + 32 * half;
+    raw[i][0] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols);
+    raw[i][1] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols + 16);
+    raw[i][2] = *reinterpret_cast<const uint4*>(src + (r + 32) * kSubTileCols);
+    raw[i][3] = *reinterpret_cast<const uint4*>(src + (r + 32) * kSubTileCols + 16);
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) widen_half_row(stage_base + (c0 + i) * 8192, r, half, raw[i][0], raw[i][1]);
+  widen_barrier();  // every raw byte of these slots has been read: rows 32-63 may overwrite them
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    widen_half_row(stage_base + (c0 + i) * 8192, r + 32, half, raw[i][2], raw[i][3]);
+    arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+  }
+}
+
 __device__ __forceinline__ void widen_fp8_tiles(SharedStorage<cutlass::float_e4m3_t>& s, int num_tiles, int w) {
+#ifndef MLA_FP8_WIDEN_PAIRS
+#define MLA_FP8_WIDEN_PAIRS 1
+#endif
   const int r = w / 2, half = w % 2;
   for (int t = 0; t < num_tiles; ++t) {
     const int stage = t % kStages;
+    const int parity = (t / kStages) & 1;
     char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+#if MLA_FP8_WIDEN_PAIRS
 #pragma unroll 1
-    for (int c = 0; c < kSubTiles; ++c) {
-      const int slot = stage * kSubTiles + c;
-      char* slot_base = stage_base + c * 8192;
-      const char* raw = slot_base + kRawOffset + 32 * half;
-      wait_barrier(&s.raw_full[slot], (t / kStages) & 1);
-      widen_half_row(slot_base, r, half, *reinterpret_cast<const uint4*>(raw + r * kSubTileCols),
-                     *reinterpret_cast<const uint4*>(raw + r * kSubTileCols + 16));
-      const uint4 lo = *reinterpret_cast<const uint4*>(raw + (r + 32) * kSubTileCols);
-      const uint4 hi = *reinterpret_cast<const uint4*>(raw + (r + 32) * kSubTileCols + 16);
-      widen_barrier();
-      widen_half_row(slot_base, r + 32, half, lo, hi);
-      arrive_barrier(&s.kv_full[slot]);
-    }
+    for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, half);
+    if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, half);
+#else
+#pragma unroll 1
+    for (int c = 0; c < kSubTiles; ++c) widen_slots<1>(s, stage_base, stage, c, parity, r, half);
+#endif
   }
 }
 
