@@ -174,22 +174,24 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
 template <int NUM_HEADS>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
+  // Q's bf16 bytes go by cp.async straight into the fp16 tile (same 2-byte element, same swizzle:
+  // all of a thread's copies in flight at once), then each thread rounds the chunks it copied to
+  // fp16 (times the prescale) in place. The first version loaded Q through registers, 3 chunks at a
+  // time: 12 dependent round trips for 64 rows (docs/perf-notes.md, fp8 v3).
+  load_q_block<cutlass::half_t, NUM_HEADS>(sq, a, b, m_block, ptid);
+  cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued just before, in flight alike)
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
-#pragma unroll 1
+  CUTE_UNROLL
   for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
-#pragma unroll 3  // a few loads in flight within the producer's registers
+#pragma unroll 3
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
-      const int c = sub + k * kThreadsPerRow;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (q.valid) {
-        v = __ldg(reinterpret_cast<const uint4*>(q.chunk(c)));
-        v = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
-                       bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
-      }
-      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(sq) + swizzled_offset(row, c * kChunkElems, kBlockM)) = v;
+      uint4* p = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sq) +
+                                          swizzled_offset(row, (sub + k * kThreadsPerRow) * kChunkElems, kBlockM));
+      const uint4 v = *p;  // padding rows hold zeros, which stay zeros
+      *p = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
+                      bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
     }
   }
 }
