@@ -8,6 +8,14 @@
 #define MLA_TMA 1
 #endif
 
+// MLA_ST (default 1): variants with at most 16 heads run the transposed consumer (consumer_st.cuh):
+// S^T = K Q^T with the KV tile's 64 tokens on wgmma M and a CTA's 8 or 16 query rows on N, so a
+// 16-head, q_len-1 CTA no longer pays for a 64-row block of which 48 rows are padding.
+// -DMLA_ST=0 compiles the 64-row "seesaw" path (consumer.cuh) back in for every variant (A/B).
+#ifndef MLA_ST
+#define MLA_ST 1
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row
@@ -25,12 +33,23 @@ constexpr int kProducerThreads = 128; // one more warpgroup gathers Q and the KV
 constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;
 constexpr int kProducerRegs = 40;     // setmaxnreg budgets: 40 x 128 + 232 x 256 <= 65536
 constexpr int kMathRegs = 232;
+// Transposed path (MLA_ST), bf16/fp16: its math warpgroups need far fewer registers (O^T is 64 per
+// thread), and the 40-register producer spilled 4 bytes in the 8-row variants; same total as above.
+constexpr int kProducerRegsSt = 56;
+constexpr int kMathRegsSt = 224;
 constexpr int kProducerRegsFp8 = 80;  // fp8 producer (copy + widen warps): 48 spilled; widening slot pairs needs 80
 constexpr int kMathRegsFp8 = 208;
 
 constexpr int kChunkElems = 8;        // 16-byte copy chunk, in 16-bit elements
 constexpr int kChunksPerRow = kHeadDimK / kChunkElems;  // 72
 constexpr int kThreadsPerRow = 8;     // producer threads that copy one 1152-byte Q row together
+
+// The transposed path and its row block per CTA: 16 rows (wgmma n16) for 9..16 heads, 8 (n8) for up
+// to 8. Rows are still (qi, h) pairs, row = qi * NUM_HEADS + h, so q_len > 1 fills the block.
+template <int NUM_HEADS>
+constexpr bool kUseSt = MLA_ST != 0 && NUM_HEADS <= 16;
+template <int NUM_HEADS>
+constexpr int kRowBlock = kUseSt<NUM_HEADS> ? (NUM_HEADS <= 8 ? 8 : 16) : kBlockM;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -40,6 +59,7 @@ static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of 
 static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,
               "each math warpgroup reads V from 4 latent sub-tiles");
 static_assert(kProducerRegs * kProducerThreads + kMathRegs * 128 * kNumWarpgroups <= 65536, "register file");
+static_assert(kProducerRegsSt * kProducerThreads + kMathRegsSt * 128 * kNumWarpgroups <= 65536, "register file");
 static_assert(kProducerRegsFp8 * kProducerThreads + kMathRegsFp8 * 128 * kNumWarpgroups <= 65536, "register file");
 
 }  // namespace mla

@@ -19,6 +19,10 @@
 //     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots;
 //   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
 //     workspace).
+// With MLA_ST (default) variants of at most 16 heads take the transposed path instead
+// (consumer_st.cuh): blocks of 8 or 16 query rows, S^T = K Q^T with tokens on wgmma M, each math
+// warpgroup owning whole tiles, the two partial softmaxes merged through shared memory at the end
+// (store_rows_st). The producer and the KV ring are the same; only Q's row count differs.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
@@ -33,6 +37,7 @@
 #include "layouts.cuh"
 #include "primitives.cuh"
 #include "consumer.cuh"
+#include "consumer_st.cuh"
 #include "producer.cuh"
 
 namespace mla {
@@ -44,7 +49,7 @@ using namespace cute;
 
 struct DecodeParams {
   MlaDecodeArgs a;
-  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kBlockM)
+  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kRowBlock<NUM_HEADS>)
   float scale_log2;     // softmax_scale * log2(e)
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
@@ -121,6 +126,56 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
   }
 }
 
+// Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
+// the merged max). All 256 math threads store the real rows, 64 threads per row, 8 consecutive values
+// each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
+// workspace row store_rows uses. Same conventions as store_rows: a row that saw no key gets out 0 and
+// lse -inf, a request with a bad seq_len NaN.
+template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
+__device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Storage& s, int b, int split, int m_block,
+                                              int tid, float v_scale, bool bad_len) {
+  constexpr int kRows = Storage::kRowsPerCta;
+  constexpr int kValsPerThread = 8;
+  constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;        // 64
+  constexpr int kRowsPerPass = 128 * kNumWarpgroups / kThreadsPerOutRow;  // 4
+  static_assert(kRows % kRowsPerPass == 0, "row block");
+  const MlaDecodeArgs& a = p.a;
+  const int d0 = (tid % kThreadsPerOutRow) * kValsPerThread;
+  CUTE_UNROLL
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int n = pass * kRowsPerPass + tid / kThreadsPerOutRow;
+    const int grow = m_block * kRows + n;
+    const int qi = grow / NUM_HEADS;
+    const int h = grow % NUM_HEADS;
+    if (qi >= a.q_len || h >= a.num_heads) continue;
+    float m, l;
+    st_row_stats(s, n, m, l);
+    float inv_sum = l > 0.f ? v_scale / l : 0.f;
+    float lse = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    if (bad_len) inv_sum = lse = __int_as_float(0x7fc00000);  // NaN
+    const float4 lo = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
+    const float4 hi = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0 + 4]);
+    if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
+      const SplitWorkspace ws = split_workspace(a);
+      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+      float4* dst = reinterpret_cast<float4*>(ws.o + ws_row * kHeadDimV + d0);
+      dst[0] = make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum);
+      dst[1] = make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum);
+      if (d0 == 0) ws.lse[ws_row] = lse;
+    } else {
+      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+                 int64_t(h) * a.out_stride_head + d0;
+      reinterpret_cast<uint2*>(dst)[0] =
+          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
+      reinterpret_cast<uint2*>(dst)[1] =
+          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
+      if (d0 == 0) {
+        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
 
@@ -129,9 +184,11 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
+  using Storage = KernelStorage<Cache, NUM_HEADS>;
+  constexpr bool kSt = kUseSt<NUM_HEADS>;
   extern __shared__ char smem_raw[];
   char* smem_aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  SharedStorage<Cache>& s = *reinterpret_cast<SharedStorage<Cache>*>(smem_aligned);
+  Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
   const int m_block = blockIdx.x % p.num_m_blocks;
@@ -153,8 +210,10 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     for (int i = 0; i < kStages * kSubTiles; ++i) {
       // bf16/fp16: every producer thread's copies; fp8: the widening threads' stores.
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i], Types::kFp8 ? kFp8WidenThreads : kProducerThreads);
-      // One arrival per math warp that reads the slot (see consume_two_stage).
-      cutlass::arch::ClusterBarrier::init(&s.kv_empty[i], two_stage_empty_count(i / kSubTiles, i % kSubTiles));
+      // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning
+      // warpgroup's four warps).
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[i],
+                                          kSt ? kStEmptyCount : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
       if constexpr (Types::kFp8) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
@@ -163,7 +222,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   __syncthreads();
 
   if (threadIdx.x < kProducerThreads) {
-    cutlass::arch::warpgroup_reg_dealloc<Types::kFp8 ? kProducerRegsFp8 : kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<Types::kFp8 ? kProducerRegsFp8 : (kSt ? kProducerRegsSt : kProducerRegs)>();
     if (num_tiles > 0) {
       if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
@@ -179,7 +238,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<Types::kFp8 ? kMathRegsFp8 : kMathRegs>();
+  cutlass::arch::warpgroup_reg_alloc<Types::kFp8 ? kMathRegsFp8 : (kSt ? kMathRegsSt : kMathRegs)>();
 
   const int tid = threadIdx.x - kProducerThreads;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg
@@ -197,44 +256,73 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     score_scale *= v_scale / kFp8QPrescale;
   }
 
-  // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
-  int key_limit[2];
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const int qi = (m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
-    key_limit[r] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
-  }
+  if constexpr (kSt) {
+    // Transposed path: this thread's query rows are columns of S^T (consumer_st.cuh). Columns past
+    // the real rows take qi = q_len - 1 (finite scores from zero Q rows, never stored).
+    constexpr int kRows = kRowBlock<NUM_HEADS>;
+    using LS = StLayouts<Element, kRows>;
+    StContext<kRows> ctx;
+    ctx.kv_begin = kv_begin;
+    ctx.num_tiles = num_tiles;
+    ctx.score_scale = score_scale;
+    ctx.wg = wg;
+    ctx.tid_wg = tid_wg;
+    ctx.warp = tid_wg / 32;
+    ctx.lane = lane;
+    float m_run[kRows / 4], l_run[kRows / 4];
+    CUTE_UNROLL
+    for (int j = 0; j < kRows / 4; ++j) {
+      const int qi = (m_block * kRows + st_col_of_index(j, lane)) / NUM_HEADS;
+      ctx.key_limit[j] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      m_run[j] = -INFINITY;
+      l_run[j] = 0.f;
+    }
+    Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
+    clear(tOrO);
+    if (num_tiles > 0) consume_st(s, ctx, tOrO, m_run, l_run);
+    merge_st(s, ctx, tOrO, m_run, l_run);
+    store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    return;
+  } else {
+    // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
+    int key_limit[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int qi = (m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
+      key_limit[r] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+    }
 
-  Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
-  clear(tOrO);
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};
-  if (num_tiles > 0) {
-    const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
-#ifndef MLA_FP8_S_FIRST
-#define MLA_FP8_S_FIRST 0
-#endif
-    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
-  }
+    Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
+    clear(tOrO);
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_run[2] = {0.f, 0.f};
+    if (num_tiles > 0) {
+      const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
+  #ifndef MLA_FP8_S_FIRST
+  #define MLA_FP8_S_FIRST 0
+  #endif
+      consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
+    }
 
-  // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
-    if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
-  }
-  math_barrier(kBarEnd);
-  float inv_sum[2], lse[2];
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
-    // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
-    inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
-    lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
-    if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
-  }
-  store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+    // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+      if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
+    }
+    math_barrier(kBarEnd);
+    float inv_sum[2], lse[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
+      // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
+      inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
+      lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+      if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
+    }
+    store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+  }  // !kSt
 }
 
 }  // namespace mla

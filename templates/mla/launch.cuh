@@ -110,7 +110,8 @@ int launch(const MlaDecodeArgs* args) {
 
   DecodeParams p;
   p.a = a;
-  p.num_m_blocks = (NUM_HEADS * a.q_len + kBlockM - 1) / kBlockM;
+  constexpr int kRows = kRowBlock<NUM_HEADS>;  // 64, or 8 / 16 on the transposed path (MLA_ST)
+  p.num_m_blocks = (NUM_HEADS * a.q_len + kRows - 1) / kRows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TMA
   p.use_tma = 0;
@@ -124,7 +125,8 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  const int smem_bytes = int(sizeof(SharedStorage<Cache>)) + 1024;  // + room to align to 1024
+  const int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
+  static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return int(err);
   kernel<<<dim3(unsigned(grid_x), unsigned(a.num_kv_splits), 1), kNumThreads, smem_bytes, stream>>>(p);

@@ -75,6 +75,7 @@ template <class Cache>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
+  static constexpr int kRowsPerCta = kBlockM;
   alignas(1024) Element q[kBlockM * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
@@ -84,6 +85,56 @@ struct SharedStorage {
   uint64_t kv_empty[kStages * kSubTiles];  // every math warp that reads the slot is done
   uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];  // fp8: the slot's raw bytes have landed
 };
+
+// The transposed path (consumer_st.cuh) for kRows = 8 or 16 query rows per CTA. Tokens sit on wgmma
+// M = 64 and query rows on N = kRows:
+//   S^T[64 x kRows]  = K[64 x 576] Q^T: A = the KV tile as K (SmemLayoutKV), B = Q (kRows x 576),
+//                      both K-major;
+//   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows]: A = the same KV stage as V^T (SmemLayoutVt,
+//                      MN-major), B = P^T stored as kRows x 64 (K-major, element (n, token)); one
+//                      warpgroup covers all 512 rows of O^T as 8 atoms of 64 along M.
+template <class Element, int kRows>
+struct StLayouts {
+  static_assert(kRows == 8 || kRows == 16, "wgmma n8 / n16");
+  using SmemLayoutQ =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kHeadDimK>>{}));
+  using SmemLayoutPt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kBlockN>>{}));
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kRows>, Int<kHeadDimK>>>()));
+  using TiledMmaO = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kRows>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::K>()));
+};
+
+// Shared memory of the transposed path: Q (kRows x 576, 18 KiB at 16 rows), the same 2 x 9-slot KV
+// ring as SharedStorage (each stage now read by one warpgroup only), a P^T tile per math warpgroup,
+// the per-warp column statistics of each warpgroup (max during the loop, sums at the end), and an
+// fp32 [kRows][512] exchange buffer where the two warpgroups' O^T are merged and transposed back to
+// row-major for coalesced stores. Its row stride is padded by 4 floats so that the scattered
+// accumulator writes (row n = 2 * (lane % 4) + ..., column d = lane / 4 + ...) hit 32 distinct banks.
+constexpr int kOxStride = kHeadDimV + 4;
+template <class Cache, int kRows>
+struct SharedStorageSt {
+  using Types = CacheTypes<Cache>;
+  using Element = typename Types::Mma;
+  static constexpr int kRowsPerCta = kRows;
+  alignas(1024) Element q[kRows * kHeadDimK];
+  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];  // P^T of the warpgroup's current tile
+  alignas(16) float o_x[kRows * kOxStride];                   // merged O (row n at n * kOxStride)
+  float col_stat[kNumWarpgroups][4][kRows];  // per warp of a warpgroup: column max (loop), sum (end)
+  float wg_max[kNumWarpgroups][kRows];       // each warpgroup's final running max per column
+  uint64_t q_full;
+  uint64_t kv_full[kStages * kSubTiles];
+  uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
+  uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];
+};
+
+// The shared storage a variant's kernel uses.
+template <class Cache, int NUM_HEADS>
+using KernelStorage = std::conditional_t<kUseSt<NUM_HEADS>, SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>,
+                                         SharedStorage<Cache>>;
 
 // The RoPE sub-tile of a KV stage, where the two-stage consumer keeps the tile's P.
 template <class Element>

@@ -27,9 +27,9 @@ struct QRowSource {
   }
 };
 
+// grow: the row's index over the request's q_len x NUM_HEADS rows (m_block * rows per CTA + row).
 template <int NUM_HEADS>
-__device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b, int m_block, int row) {
-  const int grow = m_block * kBlockM + row;
+__device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b, int grow) {
   const int qi = grow / NUM_HEADS;
   const int h = grow % NUM_HEADS;
   QRowSource r{static_cast<const char*>(a.q_nope), static_cast<const char*>(a.q_pe), qi < a.q_len && h < a.num_heads};
@@ -41,19 +41,22 @@ __device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b
   return r;
 }
 
-// Q block: eight producer threads copy one 1152-byte row (9 chunks each), 16 rows per pass.
-template <class Element, int NUM_HEADS>
+// Q block of kRows rows (64, or 8 / 16 on the transposed path): eight producer threads copy one
+// 1152-byte row (9 chunks each), 16 rows per pass; with 8 rows the upper half of the warpgroup
+// copies nothing.
+template <class Element, int NUM_HEADS, int kRows>
 __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
-  for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
+  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block, row);
+    if (kRows % kRowsPerPass != 0 && row >= kRows) continue;
+    const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block * kRows + row);
     CUTE_UNROLL
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
-      const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kBlockM);
+      const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kRows);
       cp_async_16_zfill(dst, q.chunk(c), q.valid);  // padding rows: zeros
     }
   }
@@ -83,14 +86,17 @@ constexpr bool kTmaPages = MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE
 // the same bytes as the cp.async path: the map's 128-byte swizzle puts 16-byte chunk j of token row r
 // at chunk j ^ (r % 8) of the row's 128 bytes in each 1024-byte group of 8 rows (the slot is 1024-byte
 // aligned), which is swizzled_offset(r, 64 c + 8 j, 64) - 8192 c.
-template <class Element, int NUM_HEADS, int PAGE_SIZE>
-__device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDecodeArgs& a, int b, int m_block,
+//
+// Storage: SharedStorage<Element> (64 query rows) or SharedStorageSt<Element, kRows> (transposed
+// path): only Q's row count differs, the KV ring and its barriers are the same.
+template <class Element, int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                         int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map) {
   constexpr bool kTma = kTmaPages<Element, PAGE_SIZE>;
   if constexpr (kTma) {
     if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   }
-  load_q_block<Element, NUM_HEADS>(s.q, a, b, m_block, ptid);
+  load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   cp_async_arrive_noinc(&s.q_full);
 
   constexpr int kRowsPerPass = kProducerThreads / 8;  // 16
@@ -171,24 +177,25 @@ __device__ __forceinline__ void produce(SharedStorage<Element>& s, const MlaDeco
 // wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
 // never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
-template <int NUM_HEADS>
+template <int NUM_HEADS, int kRows>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
   // Q's bf16 bytes go by cp.async straight into the fp16 tile (same 2-byte element, same swizzle:
   // all of a thread's copies in flight at once), then each thread rounds the chunks it copied to
   // fp16 (times the prescale) in place. The first version loaded Q through registers, 3 chunks at a
   // time: 12 dependent round trips for 64 rows (docs/perf-notes.md, fp8 v3).
-  load_q_block<cutlass::half_t, NUM_HEADS>(sq, a, b, m_block, ptid);
+  load_q_block<cutlass::half_t, NUM_HEADS, kRows>(sq, a, b, m_block, ptid);
   cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued just before, in flight alike)
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
-  for (int pass = 0; pass < kBlockM / kRowsPerPass; ++pass) {
+  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
+    if (kRows % kRowsPerPass != 0 && row >= kRows) break;
 #pragma unroll 3
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       uint4* p = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sq) +
-                                          swizzled_offset(row, (sub + k * kThreadsPerRow) * kChunkElems, kBlockM));
+                                          swizzled_offset(row, (sub + k * kThreadsPerRow) * kChunkElems, kRows));
       const uint4 v = *p;  // padding rows hold zeros, which stay zeros
       *p = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
                       bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
@@ -210,8 +217,8 @@ __device__ __forceinline__ void widen_barrier() {
 // Copy warps: tile after tile, slot after slot as the math warps release it. Thread ct copies 16-byte
 // chunk ct % 4 of rows ct / 4 + 16 j (j < 4) of every slot; a warp reads 8 rows x 64 bytes per
 // instruction. Pages are looked up one tile ahead.
-template <int PAGE_SIZE>
-__device__ __forceinline__ void copy_fp8_tiles(SharedStorage<cutlass::float_e4m3_t>& s, const MlaDecodeArgs& a,
+template <int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,
                                                int last_tile, int ct) {
   constexpr int kRows = 4;  // rows per thread per tile
@@ -276,8 +283,8 @@ __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int hal
 // shared-memory round trip instead of two per slot), rows r widened, one barrier of the widening
 // threads for all kN slots, then rows r + 32. Per-slot serial latency (raw wait, load, convert,
 // store, barrier) is what bounds the two widening warps (docs/perf-notes.md, fp8 v3).
-template <int kN>
-__device__ __forceinline__ void widen_slots(SharedStorage<cutlass::float_e4m3_t>& s, char* stage_base, int stage,
+template <int kN, class Storage>
+__device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int stage,
                                             int c0, int parity, int r, int half) {
   uint4 raw[kN][4];
   CUTE_UNROLL
@@ -299,7 +306,8 @@ __device__ __forceinline__ void widen_slots(SharedStorage<cutlass::float_e4m3_t>
   }
 }
 
-__device__ __forceinline__ void widen_fp8_tiles(SharedStorage<cutlass::float_e4m3_t>& s, int num_tiles, int w) {
+template <class Storage>
+__device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w) {
 #ifndef MLA_FP8_WIDEN_PAIRS
 #define MLA_FP8_WIDEN_PAIRS 1
 #endif
@@ -319,13 +327,14 @@ __device__ __forceinline__ void widen_fp8_tiles(SharedStorage<cutlass::float_e4m
   }
 }
 
-template <int NUM_HEADS, int PAGE_SIZE>
-__device__ __forceinline__ void produce_fp8(SharedStorage<cutlass::float_e4m3_t>& s, const MlaDecodeArgs& a, int b,
+// Storage: SharedStorage<float_e4m3_t> or SharedStorageSt<float_e4m3_t, kRows> (Q's row count only).
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
   if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  load_q_block_fp8<NUM_HEADS>(s.q, a, b, m_block, ptid);
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
     copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);

@@ -1,0 +1,256 @@
+// The transposed ("S^T") math warpgroups for variants with at most 16 heads (MLA_ST, constants.cuh).
+//
+// Why: the 64-row consumer (consumer.cuh) puts a CTA's query rows (qi, h) on wgmma M = 64. With 16
+// heads and q_len 1 only 16 of those rows are real, so three quarters of every S and P V wgmma is
+// padding and the 16-head bf16 kernel sits at its tensor-core time per tile (~2 us per 64-token tile
+// per SM), which also keeps the fp8 cache from being faster than bf16. Here the roles swap: the KV
+// tile's 64 tokens are M and the CTA's kRows = 8 or 16 query rows are N (wgmma n8 / n16):
+//   S^T[64 x kRows]  = K[64 x 576] Q^T               (A = KV tile, K-major; B = Q, K-major)
+//   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows] (A = the same stage read MN-major; B = P^T)
+// so the tensor work per tile scales with kRows instead of 64.
+//
+// Ownership: tile t lives in stage t % 2 and belongs wholly to math warpgroup t % 2, which computes
+// its S^T, its softmax and O^T += V^T P^T over all 512 latent rows. Each warpgroup keeps its own
+// running max, row sums and O^T (512 x 16 fp32 over 128 threads = 64 registers); there is no hand-off
+// inside the loop, so each stage's slots are read by that warpgroup's 4 warps only (kv_empty expects
+// 4 arrivals). The RoPE slot is released once S^T is done, the latent slots once P V is done. At the
+// end the two partial softmaxes are merged exactly as flash-decoding merges splits (Dao et al. 2023,
+// "Flash-Decoding for long-context inference"): m = max(m0, m1), l = l0 e^(m0 - m) + l1 e^(m1 - m),
+// O = O0 e^(m0 - m) + O1 e^(m1 - m).
+//
+// Math per warpgroup: the FlashAttention-2 online softmax (Dao 2023) per query row, i.e. per column n
+// of S^T, in the log2 domain: m_n = max over keys, p = exp2(s - m_n), l_n = sum p, o_n = sum p v; a
+// new max rescales O^T's column and l_n by exp2(m_old - m_new). Masked scores are -inf and a column
+// whose max is still -inf subtracts 0, so no -inf - (-inf) = NaN appears.
+//
+// Accumulator layout (wgmma m64nN, as in consumer.cuh, now read transposed): element i of a thread's
+// 64 x kRows fragment is token (M) 16 * warp + lane / 4 + 8 * ((i >> 1) & 1) and query row (N)
+// (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). A thread therefore holds kRows / 4 distinct columns (4 at
+// kRows 16), indexed here by c = (i >> 2) * 2 + (i & 1); O^T's fragment (MMA, 8 atoms along M, 1)
+// uses the same column mapping for its MMA index, so one alpha per c rescales both.
+#pragma once
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+
+#include "constants.cuh"
+#include "layouts.cuh"
+#include "primitives.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's).
+constexpr int kBarStWg = 9;      // + wg: the 128 threads of one math warpgroup (column max, P^T ready)
+constexpr int kBarStMerge = 11;  // both warpgroups: statistics and O exchange at the end
+// Every slot of stage w is read by warpgroup w's four warps only.
+constexpr int kStEmptyCount = 4;
+
+// Column index c (0 .. kRows / 4 - 1) and query row n of accumulator element i.
+__device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) * 2 + (i & 1); }
+__device__ __forceinline__ int st_col(int i, int lane) { return (i >> 2) * 8 + 2 * (lane % 4) + (i & 1); }
+__device__ __forceinline__ int st_col_of_index(int c, int lane) { return (c >> 1) * 8 + 2 * (lane % 4) + (c & 1); }
+
+template <int kRows>
+struct StContext {
+  static constexpr int kCols = kRows / 4;  // distinct query rows per thread
+  int kv_begin;
+  int num_tiles;           // kBlockN-token tiles in the split (> 0)
+  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal)
+  float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
+  int wg, tid_wg, warp, lane;
+};
+
+// The warpgroup's loop over its tiles t = wg, wg + 2, ... (all in stage wg). On return O^T, m_run and
+// the thread's partial l (over its own two token rows of each tile, not yet reduced) are this
+// warpgroup's share of the split.
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+__device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c, FragO& tOrO,
+                                           float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
+  constexpr int kCols = kRows / 4;
+  using Element = typename Storage::Element;
+  using L = KernelLayouts<Element>;
+  using LS = StLayouts<Element, kRows>;
+  typename LS::TiledMmaS mma_s;
+  typename LS::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O^T starts cleared and only ever accumulates
+  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
+  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
+  const int wg = c.wg;
+  if (wg >= c.num_tiles) return;  // a single tile: warpgroup 1 has nothing (warp-uniform)
+
+  Element* stage = s.kv[wg];
+  Element* pt = s.pt[wg];
+  // S^T = K Q^T: note the operand order, A = the KV tile (tokens on M), B = Q (rows on N).
+  Tensor tSrK = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(stage), typename L::SmemLayoutKV{}));
+  Tensor tSrQ = thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.q), typename LS::SmemLayoutQ{}));
+  // O^T += V^T P^T: A = V^T (512 x 64, MN-major view of the same stage), B = P^T (kRows x 64).
+  Tensor tOrV = thr_o.partition_fragment_A(make_tensor(make_smem_ptr(stage), typename L::SmemLayoutVt{}));
+  Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
+  uint64_t* full = &s.kv_full[wg * kSubTiles];
+  uint64_t* empty = &s.kv_empty[wg * kSubTiles];
+  constexpr int kKStepsPerSubTile = kSubTileCols / 16;
+  const int tok0 = 16 * c.warp + c.lane / 4;  // this thread's token rows: tok0 and tok0 + 8
+
+  wait_barrier(&s.q_full, 0);
+  int i = 0;
+  for (int t = wg; t < c.num_tiles; t += kNumWarpgroups, ++i) {
+    const int parity = i & 1;  // use i of stage wg
+    // ---- S^T, each 64-column k-slice issued as soon as its slot has landed.
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
+    fence_fragment(tSrS);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+    CUTE_UNROLL
+    for (int sub = 0; sub < kSubTiles; ++sub) {
+      wait_barrier(&full[sub], parity);
+      fence_proxy_async_shared();  // producer's writes (cp.async / widening stores) -> wgmma reads
+      CUTE_UNROLL
+      for (int k = sub * kKStepsPerSubTile; k < (sub + 1) * kKStepsPerSubTile; ++k) {
+        cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), tSrS);
+        mma_s.accumulate_ = GMMA::ScaleOut::One;
+      }
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    fence_fragment(tSrS);
+    release(empty + kSubTiles - 1, 1, c.lane);  // the RoPE slot is read by S^T only
+
+    // ---- Scale, mask, column max over the thread's 2 tokens, the warp's 8 token pairs (lanes that
+    // share lane % 4), then the warpgroup's 4 warps through shared memory.
+    const int tile_start = c.kv_begin + t * kBlockN;
+    float cmax[kCols];
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
+      const int j = st_col_index(e);
+      const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
+      tSrS(e) = v;
+      cmax[j] = fmaxf(cmax[j], v);
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 4));
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 8));
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 16));
+      if (c.lane < 4) s.col_stat[wg][c.warp][st_col_of_index(j, c.lane)] = cmax[j];
+    }
+    // The previous tile's readers of col_stat all passed that tile's P^T barrier before these stores.
+    warpgroup_barrier(kBarStWg + wg);
+    float alpha[kCols], m_sub[kCols];
+    bool moved = false;
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      const int n = st_col_of_index(j, c.lane);
+      float m_new = m_run[j];
+      CUTE_UNROLL
+      for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
+      m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[j] = exp2f(m_run[j] - m_sub[j]);
+      m_run[j] = m_new;
+      moved |= alpha[j] != 1.f;
+      l_run[j] *= alpha[j];
+    }
+    // O^T times alpha (no P V of this warpgroup is in flight); once the max settles most tiles skip it.
+    if (__any_sync(0xffffffff, moved)) {
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tOrO); ++m) {
+        CUTE_UNROLL
+        for (int e = 0; e < size<0>(tOrO); ++e) tOrO(e, m, 0) *= alpha[st_col_index(e)];
+      }
+    }
+    // ---- P = exp2(s - m_sub) as 16-bit into P^T: element (n, token) of the kRows x 64 tile. The
+    // previous tile's P V read P^T; every warp waited for it before the column-max barrier above.
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int j = st_col_index(e);
+      const float pe = exp2f(tSrS(e) - m_sub[j]);
+      l_run[j] += pe;
+      const Element pv = Element(pe);
+      *reinterpret_cast<Element*>(reinterpret_cast<char*>(pt) +
+                                  swizzled_offset(st_col(e, c.lane), tok0 + 8 * ((e >> 1) & 1), kRows)) = pv;
+    }
+    fence_proxy_async_shared();  // P^T stores -> wgmma reads
+    warpgroup_barrier(kBarStWg + wg);
+
+    // ---- O^T += V^T P^T over the 64 tokens (4 k-steps), 8 atoms of 64 latent rows each.
+    fence_fragment(tOrO);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOrV); ++k) cute::gemm(mma_o, tOrV(_, _, k), tOrP(_, _, k), tOrO);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    fence_fragment(tOrO);
+    release(empty, kSubTiles - 1, c.lane);  // the latent slots (K and V) are done
+  }
+}
+
+// Merges the two warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
+// the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
+// all 256 math threads, also when the split has no tile (then everything is 0 and -inf).
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+__device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
+                                         const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
+  constexpr int kCols = kRows / 4;
+  const int wg = c.wg;
+  // The loop's last col_stat reads happened before its last P^T barrier; nobody reads it now.
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) {
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 4);
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 8);
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 16);
+    if (c.lane < 4) {
+      const int n = st_col_of_index(j, c.lane);
+      s.col_stat[wg][c.warp][n] = l_run[j];
+      if (c.warp == 0) s.wg_max[wg][n] = m_run[j];
+    }
+  }
+  math_barrier(kBarStMerge);
+  float f[kCols];  // this warpgroup's factor per column
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) {
+    const int n = st_col_of_index(j, c.lane);
+    const float m = fmaxf(s.wg_max[0][n], s.wg_max[1][n]);
+    f[j] = exp2f(m_run[j] - (m == -INFINITY ? 0.f : m));
+  }
+  // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1),
+  // query row n = st_col(e).
+  auto o_x = [&](int e, int m) -> float& {
+    const int d = 64 * m + 16 * c.warp + c.lane / 4 + 8 * ((e >> 1) & 1);
+    return s.o_x[st_col(e, c.lane) * kOxStride + d];
+  };
+  if (wg == 0) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tOrO); ++m) {
+      CUTE_UNROLL
+      for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) = tOrO(e, m, 0) * f[st_col_index(e)];
+    }
+  }
+  math_barrier(kBarStMerge);
+  if (wg == 1) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tOrO); ++m) {
+      CUTE_UNROLL
+      for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) += tOrO(e, m, 0) * f[st_col_index(e)];
+    }
+  }
+  math_barrier(kBarStMerge);
+}
+
+// Final max and row sum of query row n after merge_st: m (-inf for a row that saw no key) and l.
+template <class Storage>
+__device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
+  const float m0 = s.wg_max[0][n], m1 = s.wg_max[1][n];
+  m = fmaxf(m0, m1);
+  const float m_sub = m == -INFINITY ? 0.f : m;
+  l = 0.f;
+  CUTE_UNROLL
+  for (int w = 0; w < kNumWarpgroups; ++w) {
+    const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
+    l += lw * exp2f(s.wg_max[w][n] - m_sub);
+  }
+}
+
+}  // namespace mla
