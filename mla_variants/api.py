@@ -29,7 +29,14 @@ MAX_Q_LEN = 8
 MAX_KV_SPLITS = 256
 HEURISTIC_MAX_SPLITS = 64  # default_num_kv_splits never picks more (measured, docs/perf-notes.md)
 BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
-BLOCK_M = 64  # query rows per CTA
+BLOCK_M = 64  # query rows per CTA (variants with more than 16 heads, or any variant built with -DMLA_ST=0)
+
+
+def _rows_per_cta(num_heads: int) -> int:
+    """Query rows (q_len x heads) one CTA covers: the transposed kernel path (MLA_ST, the default
+    build) takes blocks of 16 rows for 9..16 heads and 8 for up to 8 heads; larger head counts use
+    BLOCK_M. Estimated from the call's head count; a build with -DMLA_ST=0 launches 64-row blocks."""
+    return 8 if num_heads <= 8 else 16 if num_heads <= 16 else BLOCK_M
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
@@ -72,8 +79,9 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     batch >= 0 requests, num_heads and q_len of the call, max_seq_len in tokens (the longest sequence
     the call may see; block_table's width times page_size when the caller gives nothing better),
     num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
-    batch * ceil(num_heads * q_len / 64) CTAs, one per SM at a time (a call served by a larger compiled
-    head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
+    batch * ceil(num_heads * q_len / rows) CTAs with rows = 64 query rows per CTA, or 16 for 9..16
+    heads and 8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
+    a larger compiled head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
     shorter requests get shorter pieces, since the kernel cuts each request's own keys into this many
@@ -81,7 +89,7 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     than the finer split saves); never less than 1. Pure arithmetic, never raises. Measured on an H200
     in docs/perf-notes.md ("split heuristic").
     """
-    ctas = batch * math.ceil(num_heads * q_len / BLOCK_M)
+    ctas = batch * math.ceil(num_heads * q_len / _rows_per_cta(num_heads))
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas

@@ -22,7 +22,8 @@
 // With MLA_ST (default) variants of at most 16 heads take the transposed path instead
 // (consumer_st.cuh): blocks of 8 or 16 query rows, S^T = K Q^T with tokens on wgmma M, each math
 // warpgroup owning whole tiles, the two partial softmaxes merged through shared memory at the end
-// (store_rows_st). The producer and the KV ring are the same; only Q's row count differs.
+// (store_rows_st). The producer and the KV ring are the same; only Q's row count differs. Its bf16 /
+// fp16 register budgets are 56 (producer) / 224 (math), fp8 as above.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
