@@ -10,6 +10,7 @@ import argparse
 import fnmatch
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `mla-variants list | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}", file=sys.stderr)
         return 2

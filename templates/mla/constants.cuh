@@ -58,8 +58,15 @@ static_assert(kHeadDimK % 64 == 0, "576 must tile into 64-column swizzle atoms")
 static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of S");
 static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,
               "each math warpgroup reads V from 4 latent sub-tiles");
-static_assert(kProducerRegs * kProducerThreads + kMathRegs * 128 * kNumWarpgroups <= 65536, "register file");
-static_assert(kProducerRegsSt * kProducerThreads + kMathRegsSt * 128 * kNumWarpgroups <= 65536, "register file");
-static_assert(kProducerRegsFp8 * kProducerThreads + kMathRegsFp8 * 128 * kNumWarpgroups <= 65536, "register file");
+// setmaxnreg moves registers within what the launch allocated: __launch_bounds__(kNumThreads, 1) gives
+// each thread 65536 / kNumThreads rounded down to a multiple of 8 (168), and a warpgroup's
+// setmaxnreg.inc waits until the pool has what it asks for, so a larger sum would hang every CTA.
+constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
+static_assert(kProducerRegs * kProducerThreads + kMathRegs * 128 * kNumWarpgroups <= kLaunchRegs * kNumThreads,
+              "register file");
+static_assert(kProducerRegsSt * kProducerThreads + kMathRegsSt * 128 * kNumWarpgroups <= kLaunchRegs * kNumThreads,
+              "register file");
+static_assert(kProducerRegsFp8 * kProducerThreads + kMathRegsFp8 * 128 * kNumWarpgroups <= kLaunchRegs * kNumThreads,
+              "register file");
 
 }  // namespace mla

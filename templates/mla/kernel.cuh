@@ -9,11 +9,11 @@
 // memory, so a NaN in an unused cache slot never meets a zero probability.
 //
 // Structure per CTA (384 threads = 3 warpgroups, warp-specialized):
-//   - warpgroup 0 (producer, producer.cuh, 40 registers; fp8 56) gathers Q once and then the KV tiles through
+//   - warpgroup 0 (producer, producer.cuh, 40 registers; fp8 80) gathers Q once and then the KV tiles through
 //     block_table with 16-byte cp.async (bf16/fp16 with pages of 64 or 128 tokens: full tiles with TMA) into a ring of 2 tiles x 9 sub-tiles of 64 columns; each
 //     sub-tile slot has a "full" mbarrier (the copies landed) and an "empty" one (every math warp that
 //     reads it is done), so loads for tile t+2 start as soon as the slots of tile t are released;
-//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 216) compute S = Q K^T with wgmma, starting on
+//   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 208) compute S = Q K^T with wgmma, starting on
 //     each 64-column sub-tile as it lands, the online softmax, and O += P V; warpgroup w owns
 //     O[:, 256w : 256w+256] in registers. The two warpgroups own alternate tiles' S and
 //     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots;

@@ -104,7 +104,10 @@ int launch(const MlaDecodeArgs* args) {
   if (a.batch == 0) return int(cudaSuccess);
   if (SPLIT && a.num_kv_splits > 1) {
     const int64_t need = int64_t(a.num_kv_splits) * a.batch * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
-    if (a.workspace == nullptr || a.workspace_bytes < need) return int(cudaErrorInvalidValue);
+    // 16-byte aligned: the decode kernel stores float2 and the combine loads float4 partial outputs.
+    if (a.workspace == nullptr || a.workspace_bytes < need || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
+      return int(cudaErrorInvalidValue);
+    }
   }
   cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
 

@@ -1,0 +1,126 @@
+"""Where the time of one cold call goes: the decode kernel, the gap to the combine kernel, the combine.
+
+    python benchmarks/timeline.py --page 64 --batch 1,32 --seq 1024 [--dtype fp8_e4m3] [--reps 20]
+
+Takes the same case filters as benchmarks/bench.py (anchor cases, --heads/--batch/--seq/--page/--ragged,
+--dtype, --num-kv-splits). Each case is called --reps times the way bench.py times a cold call (L2
+flushed by a 512 MiB read, then a GPU spin, then the call), under torch.profiler, and the CUDA kernel
+records of each call are read back from the profiler's device timeline:
+
+  lead    : start of the decode kernel - end of the spin kernel before it (launch latency while the
+            GPU was busy: what remains of the launch once the host is off the critical path)
+  decode  : duration of mla_decode_kernel
+  gap     : start of mla_combine_kernel - end of the decode kernel (split calls only)
+  combine : duration of mla_combine_kernel (split calls only)
+  total   : end of the last kernel of the call - end of the spin (comparable to bench.py's cold time)
+
+Medians over the calls are printed, one row per case. The kernel durations come from CUPTI, so they
+do not include the CUDA-event overhead bench.py has; compare totals with bench.py's cold column to see
+how much that is.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
+import torch  # noqa: E402
+
+DECODE, COMBINE = "mla_decode_kernel", "mla_combine_kernel"
+
+
+def split_calls(kernels: list[tuple[str, float, float]]) -> list[dict]:
+    """Group a device timeline into calls. kernels: (name, start_us, end_us) of every CUDA kernel in
+    launch order. A call is the run of mla_decode/mla_combine kernels after a spin kernel (the L2
+    flush's last kernel, whose name contains "spin"; a second flush read stands in for it in torch
+    builds without torch.cuda._sleep). Returns per call: lead, decode, gap, combine (None when the
+    call had no combine), total, all in microseconds."""
+    calls: list[dict] = []
+    prev_end: float | None = None  # end of the last non-decode kernel before the current call
+    current: dict | None = None
+    for name, start, end in kernels:
+        if DECODE in name:
+            current = {"lead": start - prev_end if prev_end is not None else None, "decode": end - start,
+                       "gap": None, "combine": None, "_start": prev_end, "_end": end}
+            calls.append(current)
+        elif COMBINE in name and current is not None:
+            current["gap"] = start - current["_end"]
+            current["combine"] = end - start
+            current["_end"] = end
+        else:  # flush or spin: the next decode kernel starts a new call
+            current = None
+            prev_end = end
+    for c in calls:
+        c["total"] = c["_end"] - c["_start"] if c["_start"] is not None else None
+        del c["_start"], c["_end"]
+    return calls
+
+
+def _device_kernels(prof) -> list[tuple[str, float, float]]:
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out.append((e.name, e.time_range.start, e.time_range.end))
+    out.sort(key=lambda k: k[1])
+    return out
+
+
+def _median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main(argv=None) -> int:
+    args = bench.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU available: the timeline needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+        return 1
+    cases, _, _ = bench.load_cases(args)
+    cases = bench.select_cases(cases, args)
+    device = torch.device("cuda")
+    dtype = bench.DTYPES[args.dtype]
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    pool, flush = bench.KVPool(device), bench.L2Flush(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    print(f"{'heads':>5} {'batch':>5} {'seq':>6} {'page':>4} {'rag':>3} {'splits':>6} "
+          f"{'lead':>6} {'decode':>8} {'gap':>6} {'combine':>8} {'total':>8}  (us, median of {args.reps})")
+    for case in cases:
+        splits = bench.case_splits(case, args, 1, sm_count)
+        heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
+        inputs = bench.build_inputs(pool, seq_lens, heads, page, 1, dtype, gen)
+        batch = len(seq_lens)
+        out = torch.empty(batch, 1, heads, bench.V_DIM, dtype=inputs["q"].dtype, device=device)
+        lse = torch.empty(batch, heads, 1, dtype=torch.float32, device=device)
+        ws = torch.empty(max(bench.workspace_size(batch, heads, 1, splits), 16), dtype=torch.uint8, device=device)
+        k_scale = bench.K_SCALE if dtype == torch.float8_e4m3fn else None
+
+        def call():
+            bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
+                             bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws,
+                             k_scale=k_scale)
+
+        for _ in range(args.warmup):
+            call()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.reps):
+                flush()
+                call()
+            torch.cuda.synchronize()
+        calls = split_calls(_device_kernels(prof))
+        if not calls:
+            print(f"no {DECODE} records in the profile (is CUPTI available?)", file=sys.stderr)
+            return 1
+        cells = [_median(c[k] for c in calls) for k in ("lead", "decode", "gap", "combine", "total")]
+        fmt = lambda v, w: f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+        print(f"{heads:>5} {batch:>5} {case['seq_mean']:>6} {page:>4} {'y' if case['ragged'] else 'n':>3} "
+              f"{splits:>6} {fmt(cells[0], 6)} {fmt(cells[1], 8)} {fmt(cells[2], 6)} {fmt(cells[3], 8)} "
+              f"{fmt(cells[4], 8)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
