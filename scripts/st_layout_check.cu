@@ -14,11 +14,6 @@
 
 using namespace cute;
 
-static uint32_t host_swizzled_offset(int row, int col, int rows) {  // = mla::swizzled_offset
-  const uint32_t atom = uint32_t(row >> 3) + uint32_t(col >> 6) * uint32_t(rows >> 3);
-  const uint32_t chunk = uint32_t((col & 63) >> 3) ^ uint32_t(row & 7);
-  return atom * 1024u + uint32_t(row & 7) * 128u + chunk * 16u + uint32_t(col & 7) * 2u;
-}
 
 alignas(4096) static char g_base[1 << 17];
 
@@ -28,7 +23,7 @@ int check_smem(const char* name, Layout layout, int rows, int cols) {
   int bad = 0;
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c)
-      bad += uint32_t(reinterpret_cast<char*>(&t(r, c)) - g_base) != host_swizzled_offset(r, c, rows);
+      bad += uint32_t(reinterpret_cast<char*>(&t(r, c)) - g_base) != mla::swizzled_offset(r, c, rows);
   printf("%-12s %d mismatches\n", name, bad);
   return bad;
 }

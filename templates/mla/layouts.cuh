@@ -144,7 +144,7 @@ __device__ __forceinline__ Element* stage_p(Element* stage) {
 
 // Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple
 // of 8) of 16-bit values; must agree with tile_to_shape(Layout_K_SW128_Atom, (rows, cols)).
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows) {
+__host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows) {
   const uint32_t atom = uint32_t(row >> 3) + uint32_t(col >> 6) * uint32_t(rows >> 3);
   const uint32_t chunk = uint32_t((col & 63) >> 3) ^ uint32_t(row & 7);
   return atom * 1024u + uint32_t(row & 7) * 128u + chunk * 16u + uint32_t(col & 7) * 2u;

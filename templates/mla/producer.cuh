@@ -302,6 +302,7 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
     widen_half_row(stage_base + (c0 + i) * 8192, r + 32, half, raw[i][2], raw[i][3]);
+    fence_proxy_async_shared();  // widened stores -> the math warpgroups' wgmma reads (writer side)
     arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
   }
 }
@@ -335,6 +336,7 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
   if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
     copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
