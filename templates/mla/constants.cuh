@@ -16,6 +16,14 @@
 #define MLA_ST 1
 #endif
 
+// MLA_ST_MATH_WIDEN (default 1): on the transposed path an fp8 tile is widened to fp16 by the math
+// warpgroup that owns it, slot by slot just before its S^T wgmma (its tensor work is 4x smaller there,
+// so it has the cycles), instead of by two producer warps; the producer then only copies raw bytes.
+// -DMLA_ST_MATH_WIDEN=0 keeps the producer's widening warps (A/B).
+#ifndef MLA_ST_MATH_WIDEN
+#define MLA_ST_MATH_WIDEN 1
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   __syncthreads();
 
   if (threadIdx.x < kProducerThreads) {
-    cutlass::arch::warpgroup_reg_dealloc<Types::kFp8 ? kProducerRegsFp8 : (kSt ? kProducerRegsSt : kProducerRegs)>();
+    cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
     if (num_tiles > 0) {
       if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<Types::kFp8 ? kMathRegsFp8 : (kSt ? kMathRegsSt : kMathRegs)>();
+  cutlass::arch::warpgroup_reg_alloc<Storage::kMathRegsUsed>();
 
   const int tid = threadIdx.x - kProducerThreads;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg

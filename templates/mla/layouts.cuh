@@ -76,6 +76,10 @@ struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kBlockM;
+  static constexpr bool kMathWidens = false;  // fp8: the producer's widening warps widen
+  // setmaxnreg budgets (constants.cuh)
+  static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
+  static constexpr uint32_t kMathRegsUsed = Types::kFp8 ? kMathRegsFp8 : kMathRegs;
   alignas(1024) Element q[kBlockM * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
@@ -119,6 +123,11 @@ struct SharedStorageSt {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kRows;
+  // fp8: the owning math warpgroup widens each slot (consumer_st.cuh), the producer only copies.
+  static constexpr bool kMathWidens = Types::kFp8 && MLA_ST_MATH_WIDEN != 0;
+  // setmaxnreg budgets: an fp8 producer that widens needs 80 registers, one that only copies fits 56.
+  static constexpr uint32_t kProducerRegsUsed = Types::kFp8 && !kMathWidens ? kProducerRegsFp8 : kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = Types::kFp8 && !kMathWidens ? kMathRegsFp8 : kMathRegsSt;
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];  // P^T of the warpgroup's current tile

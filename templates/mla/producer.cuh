@@ -341,7 +341,7 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
   if (ptid < kFp8CopyThreads) {
     copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
     cp_async_wait_all();  // do not retire while copies are in flight
-  } else {
+  } else if constexpr (!Storage::kMathWidens) {  // else the math warpgroups widen (consumer_st.cuh)
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
   }
 }
