@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
     CUTE_UNROLL
     for (int s = 0; s < kCombineUnroll; ++s) {
       l[s] = s < num_splits ? ws.lse[s * rows_per_split + row] : -INFINITY;
-      // Read before the weight is known (one round trip): an empty split's partial output was never
-      // written and may hold anything, so it is selected away below, never multiplied by 0.
+      // Read before the weight is known (one round trip). An empty split (lse -inf) is selected away
+      // below, never multiplied by 0: its CTA writes zeros today, but the combine does not rely on it.
       o[s] = s < num_splits ? *reinterpret_cast<const float4*>(o_row + s * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     CUTE_UNROLL
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
     max_lse = combine_reduce<true>(max_lse, scratch);
 
     // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
-    // lse -inf, weighs exactly 0, and its partial output (never written) is not read.
+    // lse -inf, weighs exactly 0, and its partial output is not read.
     if (max_lse != -INFINITY) {  // uniform over the CTA
       const float* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
       const int64_t split_stride = rows_per_split * kHeadDimV;
