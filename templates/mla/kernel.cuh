@@ -188,7 +188,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   using Storage = KernelStorage<Cache, NUM_HEADS>;
   constexpr bool kSt = kUseSt<NUM_HEADS>;
   extern __shared__ char smem_raw[];
-  char* smem_aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler still knows
+  // every access below is to shared memory (LDS/STS rather than generic LD/ST).
+  char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
   Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
