@@ -24,6 +24,12 @@
 #define MLA_ST_MATH_WIDEN 1
 #endif
 
+// MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
+// 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
+#ifndef MLA_FP8_S_FIRST
+#define MLA_FP8_S_FIRST 0
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row
@@ -63,7 +69,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kHeadDimK % 64 == 0, "576 must tile into 64-column swizzle atoms");
-static_assert(kBlockN == 32 * kNumWarpgroups, "each warpgroup owns 32 tokens of S");
 static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,
               "each math warpgroup reads V from 4 latent sub-tiles");
 // setmaxnreg moves registers within what the launch allocated: __launch_bounds__(kNumThreads, 1) gives

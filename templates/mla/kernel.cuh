@@ -301,9 +301,6 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     float l_run[2] = {0.f, 0.f};
     if (num_tiles > 0) {
       const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
-  #ifndef MLA_FP8_S_FIRST
-  #define MLA_FP8_S_FIRST 0
-  #endif
       consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     }
 

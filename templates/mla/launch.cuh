@@ -17,24 +17,27 @@
 namespace mla {
 
 #if MLA_TMA
-// MLA_TMA=require in the environment (read once): a page-64/128 bf16/fp16 launch whose tensor map
-// cannot be encoded fails with cudaErrorNotSupported instead of falling back to cp.async, so an A/B or
-// a test can prove that the TMA path ran.
-inline bool tma_required() {
-  static const bool required = [] {
+// The environment variable MLA_TMA, read once: "0" turns the TMA path off (every tile takes cp.async:
+// an A/B without a rebuild); "require" makes a page-64/128 bf16/fp16 launch whose tensor map cannot be
+// encoded fail with cudaErrorNotSupported instead of falling back to cp.async, so an A/B or a test can
+// prove that the TMA path ran; anything else (or unset) is the default: TMA where it can be encoded.
+enum class TmaMode { kOff, kAuto, kRequire };
+inline TmaMode tma_mode() {
+  static const TmaMode mode = [] {
     const char* env = std::getenv("MLA_TMA");
-    return env != nullptr && std::strcmp(env, "require") == 0;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return TmaMode::kOff;
+    if (env != nullptr && std::strcmp(env, "require") == 0) return TmaMode::kRequire;
+    return TmaMode::kAuto;
   }();
-  return required;
+  return mode;
 }
+inline bool tma_required() { return tma_mode() == TmaMode::kRequire; }
 
 // cuTensorMapEncodeTiled, found once through the runtime's driver entry point (the library links only
-// the CUDA runtime, never libcuda), or null when the driver does not offer it. The environment
-// variable MLA_TMA=0 also gives null: every tile then takes the cp.async path (A/B without a rebuild).
+// the CUDA runtime, never libcuda), or null when the driver does not offer it or MLA_TMA=0.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-    const char* env = std::getenv("MLA_TMA");
-    if (env != nullptr && env[0] == '0' && env[1] == '\0') return nullptr;
+    if (tma_mode() == TmaMode::kOff) return nullptr;
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050

@@ -170,7 +170,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
-// The fp8 producer: Q (bf16) is converted to fp16 x kFp8QPrescale through registers; each KV slot's
+// The fp8 producer: Q (bf16) is copied into the fp16 Q tile and rounded there to fp16 x kFp8QPrescale
+// (load_q_block_fp8); each KV slot's
 // raw bytes (64 tokens x 64 values, 4 KiB) are copied by cp.async into the upper half of the slot's own
 // 8 KiB fp16 sub-tile and widened there in place (e4m3 -> fp16 is exact), so fp8 needs no staging
 // memory and keeps two fp16 stages. Warps 0-1 copy (they wait for empty slots), warps 2-3 widen (they
@@ -309,22 +310,14 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
 
 template <class Storage>
 __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w) {
-#ifndef MLA_FP8_WIDEN_PAIRS
-#define MLA_FP8_WIDEN_PAIRS 1
-#endif
   const int r = w / 2, half = w % 2;
   for (int t = 0; t < num_tiles; ++t) {
     const int stage = t % kStages;
     const int parity = (t / kStages) & 1;
     char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
-#if MLA_FP8_WIDEN_PAIRS
 #pragma unroll 1
     for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, half);
     if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, half);
-#else
-#pragma unroll 1
-    for (int c = 0; c < kSubTiles; ++c) widen_slots<1>(s, stage_base, stage, c, parity, r, half);
-#endif
   }
 }
 
