@@ -30,13 +30,14 @@ MAX_KV_SPLITS = 256
 HEURISTIC_MAX_SPLITS = 64  # default_num_kv_splits never picks more (measured, docs/perf-notes.md)
 BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
 BLOCK_M = 64  # query rows per CTA (variants with more than 16 heads, or any variant built with -DMLA_ST=0)
+ST_MAX_HEADS = 16  # variants with at most this many heads run the transposed path (MLA_ST), no TMA
 
 
 def _rows_per_cta(num_heads: int) -> int:
     """Query rows (q_len x heads) one CTA covers: the transposed kernel path (MLA_ST, the default
     build) takes blocks of 16 rows for 9..16 heads and 8 for up to 8 heads; larger head counts use
     BLOCK_M. Estimated from the call's head count; a build with -DMLA_ST=0 launches 64-row blocks."""
-    return 8 if num_heads <= 8 else 16 if num_heads <= 16 else BLOCK_M
+    return 8 if num_heads <= 8 else 16 if num_heads <= ST_MAX_HEADS else BLOCK_M
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)

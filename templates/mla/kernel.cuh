@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       } else {
         const void* kv_map = nullptr;
 #if MLA_TMA
-        if constexpr (kTmaPages<Cache, PAGE_SIZE>) {
+        if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
           if (p.use_tma) kv_map = &p.kv_map;
         }
 #endif

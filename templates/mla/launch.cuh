@@ -122,7 +122,7 @@ int launch(const MlaDecodeArgs* args) {
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (kTmaPages<Cache, PAGE_SIZE>) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
     p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
     if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
   }

@@ -66,9 +66,12 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // tiles. split_range starts every split at a multiple of kBlockN, so tile t of a split starts at token
 // kv_begin + 64 t, a multiple of 64: with PAGE_SIZE % 64 == 0 a tile is exactly the 64 tokens at
 // offset (kv_begin + 64 t) % PAGE_SIZE of one page, which one box {64 columns, 64 tokens, 1 page}
-// per sub-tile addresses.
-template <class Cache, int PAGE_SIZE>
-constexpr bool kTmaPages = MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0;
+// per sub-tile addresses. Only the 64-row path takes it: variants on the transposed path (kUseSt,
+// at most 16 heads) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
+// (MLA_TMA=0: 4.28 vs 4.07 TB/s at 16 x 128 x 16384; docs/perf-notes.md, v3.5).
+template <class Cache, int PAGE_SIZE, int NUM_HEADS>
+constexpr bool kTmaPages =
+    MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
 
 // The whole producer: Q, then every KV tile of [kv_begin, kv_end) sub-tile by sub-tile. Eight
 // threads share a 128-byte row segment of a sub-tile (one 16-byte chunk each), so every warp
@@ -92,7 +95,7 @@ constexpr bool kTmaPages = MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE
 template <class Element, int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                         int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map) {
-  constexpr bool kTma = kTmaPages<Element, PAGE_SIZE>;
+  constexpr bool kTma = kTmaPages<Element, PAGE_SIZE, NUM_HEADS>;
   if constexpr (kTma) {
     if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   }
