@@ -24,6 +24,14 @@
 #define MLA_ST_MATH_WIDEN 1
 #endif
 
+// MLA_ST_FP8_REGS (default 1): on the transposed path an fp8 tile is never widened in shared memory:
+// the raw e4m3 bytes sit in a 4-stage ring of 36 KiB stages and the owning math warpgroup converts
+// them to fp16 in registers as the A operand of register-sourced wgmma (consumer_st_regs.cuh).
+// -DMLA_ST_FP8_REGS=0 keeps the 2-stage fp16 ring widened in place (MLA_ST_MATH_WIDEN) for A/B.
+#ifndef MLA_ST_FP8_REGS
+#define MLA_ST_FP8_REGS 1
+#endif
+
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
 #ifndef MLA_FP8_S_FIRST
@@ -40,6 +48,7 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
+constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (two per math warpgroup)
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S

@@ -225,7 +225,8 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
 // Merges the two warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all 256 math threads, also when the split has no tile (then everything is 0 and -inf).
-template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+// kRegRows: O^T's rows are in consume_st_regs' order (latent value st_regs_dim), else in order.
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta, bool kRegRows = Storage::kRegWiden>
 __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
                                          const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
   constexpr int kCols = kRows / 4;
@@ -250,10 +251,11 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     const float m = fmaxf(s.wg_max[0][n], s.wg_max[1][n]);
     f[j] = exp2f(m_run[j] - (m == -INFINITY ? 0.f : m));
   }
-  // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1),
-  // query row n = st_col(e).
+  // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1)
+  // (kRegRows: 128 warp + 16 (lane / 4) + 2 m + ((e >> 1) & 1)), query row n = st_col(e).
   auto o_x = [&](int e, int m) -> float& {
-    const int d = 64 * m + 16 * c.warp + c.lane / 4 + 8 * ((e >> 1) & 1);
+    const int hi = (e >> 1) & 1;
+    const int d = kRegRows ? 128 * c.warp + 16 * (c.lane / 4) + 2 * m + hi : 64 * m + 16 * c.warp + c.lane / 4 + 8 * hi;
     return s.o_x[st_col(e, c.lane) * kOxStride + d];
   };
   if (wg == 0) {

@@ -39,6 +39,7 @@
 #include "primitives.cuh"
 #include "consumer.cuh"
 #include "consumer_st.cuh"
+#include "consumer_st_regs.cuh"
 #include "producer.cuh"
 
 namespace mla {
@@ -210,14 +211,16 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
     CUTE_UNROLL
-    for (int i = 0; i < kStages * kSubTiles; ++i) {
-      // bf16/fp16: every producer thread's copies; fp8: the widening threads' stores.
-      cutlass::arch::ClusterBarrier::init(&s.kv_full[i], Types::kFp8 ? kFp8WidenThreads : kProducerThreads);
+    for (int i = 0; i < Storage::kRing * kSubTiles; ++i) {
+      // bf16/fp16 and the fp8 register path: every producer thread's copies; fp8 widened in shared
+      // memory: the widening threads' stores.
+      cutlass::arch::ClusterBarrier::init(&s.kv_full[i],
+                                          Types::kFp8 && !Storage::kRegWiden ? kFp8WidenThreads : kProducerThreads);
       // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning
       // warpgroup's four warps).
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[i],
                                           kSt ? kStEmptyCount : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
-      if constexpr (Types::kFp8) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
+      if constexpr (Types::kFp8 && !Storage::kRegWiden) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
     fence_proxy_async_shared();  // the initialized barriers, as TMA's complete_tx (async proxy) sees them
@@ -227,7 +230,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
     if (num_tiles > 0) {
-      if constexpr (Types::kFp8) {
+      if constexpr (Storage::kRegWiden) {
+        produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+      } else if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else {
         const void* kv_map = nullptr;
@@ -282,7 +287,13 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
     clear(tOrO);
-    if (num_tiles > 0) consume_st(s, ctx, tOrO, m_run, l_run);
+    if (num_tiles > 0) {
+      if constexpr (Storage::kRegWiden) {
+        consume_st_regs(s, ctx, tOrO, m_run, l_run);
+      } else {
+        consume_st(s, ctx, tOrO, m_run, l_run);
+      }
+    }
     merge_st(s, ctx, tOrO, m_run, l_run);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
     return;

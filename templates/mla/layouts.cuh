@@ -76,6 +76,8 @@ struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kBlockM;
+  static constexpr int kRing = kStages;
+  static constexpr bool kRegWiden = false;
   static constexpr bool kMathWidens = false;  // fp8: the producer's widening warps widen
   // setmaxnreg budgets (constants.cuh)
   static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
@@ -123,6 +125,8 @@ struct SharedStorageSt {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kRows;
+  static constexpr int kRing = kStages;
+  static constexpr bool kRegWiden = false;
   // fp8: the owning math warpgroup widens each slot (consumer_st.cuh), the producer only copies.
   static constexpr bool kMathWidens = Types::kFp8 && MLA_ST_MATH_WIDEN != 0;
   // setmaxnreg budgets: an fp8 producer that widens needs 80 registers, one that only copies fits 56.
@@ -140,10 +144,41 @@ struct SharedStorageSt {
   uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];
 };
 
+// Shared memory of the transposed path for fp8 caches with MLA_ST_FP8_REGS: the ring holds raw e4m3
+// bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
+// four stages, stage t % 4 for tile t, so each math warpgroup alternates between two of them. Q is
+// fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
+// (consumer_st_regs.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
+// Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation.
+template <int kRows>
+struct SharedStorageStFp8 {
+  using Types = CacheTypes<cutlass::float_e4m3_t>;
+  using Element = cutlass::half_t;
+  static constexpr int kRowsPerCta = kRows;
+  static constexpr int kRing = kStagesStFp8;
+  static constexpr bool kRegWiden = true;
+  static constexpr bool kMathWidens = false;
+  static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  alignas(1024) Element q[kRows * kHeadDimK];
+  alignas(1024) uint8_t kv[kRing][kSubTiles][kBlockN * kSubTileCols];
+  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];
+  alignas(16) float o_x[kRows * kOxStride];
+  float col_stat[kNumWarpgroups][4][kRows];
+  float wg_max[kNumWarpgroups][kRows];
+  uint64_t q_full;
+  uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
+  uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
+  static_assert(kRows * kHeadDimK * 2 <= kRows * kOxStride * 4, "o_x stages Q's bf16 rows");
+};
+
 // The shared storage a variant's kernel uses.
 template <class Cache, int NUM_HEADS>
-using KernelStorage = std::conditional_t<kUseSt<NUM_HEADS>, SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>,
-                                         SharedStorage<Cache>>;
+using KernelStorage = std::conditional_t<
+    kUseSt<NUM_HEADS>,
+    std::conditional_t<CacheTypes<Cache>::kFp8 && MLA_ST_FP8_REGS != 0, SharedStorageStFp8<kRowBlock<NUM_HEADS>>,
+                       SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>>,
+    SharedStorage<Cache>>;
 
 // The RoPE sub-tile of a KV stage, where the two-stage consumer keeps the tile's P.
 template <class Element>

@@ -342,4 +342,116 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// fp8 on the transposed path with MLA_ST_FP8_REGS (SharedStorageStFp8): the producer only copies raw
+// e4m3 bytes into a 4-stage ring; the math warpgroups convert them in registers (consumer_st_regs.cuh).
+
+// Where Q's value `dim` (0..575) sits in the fp16 Q tile: the tile's column k holds dim st_q_dim(k).
+// Within each 64-value block, column 16 j + 8 hi + 2 t + e holds value 16 t + 4 j + 2 hi + e: the
+// values that a thread's wgmma fragment of K needs for k-step j (columns 2t, 2t+1, 2t+8, 2t+9) are then
+// bytes 4j .. 4j+3 of the 16 contiguous raw bytes it loads per token row (consumer_st_regs.cuh).
+__host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
+  const int blk = k & ~63, j = (k >> 4) & 3, hi = (k >> 3) & 1, t = (k >> 1) & 3, e = k & 1;
+  return blk + 16 * t + 4 * j + 2 * hi + e;
+}
+
+constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
+
+// Copies tiles [first_tile, last_tile) into the ring, slot after slot as the math warps release them.
+// Thread ct copies 16-byte chunk ct % 4 of rows ct / 4 and ct / 4 + 32 of every slot (a warp: 8 rows x
+// 64 bytes per instruction). Pages are looked up one tile ahead; rows past kv_end are zero bytes.
+template <int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void copy_fp8_ring(Storage& s, const MlaDecodeArgs& a, const int32_t* table, int kv_begin,
+                                              int kv_end, int first_tile, int last_tile, int ct) {
+  constexpr int kRows = 2;  // rows per thread per tile
+  const char* cache = static_cast<const char*>(a.kv_cache);
+  const int n0 = ct / 4, q = ct % 4;
+  int32_t page[kRows], next_page[kRows];
+  auto lookup = [&](int t, int32_t (&pg)[kRows]) {
+    CUTE_UNROLL
+    for (int j = 0; j < kRows; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
+      pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
+    }
+  };
+  lookup(first_tile, page);
+  for (int t = first_tile; t < last_tile; ++t) {
+    lookup(t + 1, next_page);
+    const char* src[kRows];
+    CUTE_UNROLL
+    for (int j = 0; j < kRows; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
+      src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
+                            : cache;
+    }
+    const int stage = t % Storage::kRing;
+    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
+    const uint32_t stage_dst = smem_u32(&s.kv[stage][0][0]) + uint32_t(n0 * kSubTileCols + q * 16);
+#pragma unroll 1  // kept rolled: the producer has few registers
+    for (int c = 0; c < kSubTiles; ++c) {
+      const int slot = stage * kSubTiles + c;
+      wait_barrier(&s.kv_empty[slot], empty_parity);
+      CUTE_UNROLL
+      for (int j = 0; j < kRows; ++j) {
+        cp_async_16_zfill(stage_dst + uint32_t(c * kBlockN * kSubTileCols + 32 * j * kSubTileCols),
+                          src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
+      }
+      cp_async_arrive_noinc(&s.kv_full[slot]);
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
+  }
+}
+
+// Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
+// until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16
+// pairs (st_q_dim), rounded to fp16 times kFp8QPrescale.
+template <int NUM_HEADS, class Storage>
+__device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+  constexpr int kRows = Storage::kRowsPerCta;
+  constexpr int kRowBytes = kHeadDimK * 2;
+  char* staging = reinterpret_cast<char*>(s.o_x);
+  const int sub = ptid % kThreadsPerRow;
+  constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
+  CUTE_UNROLL
+  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
+    if (kRows % kRowsPerPass != 0 && row >= kRows) continue;
+    const QRowSource src = q_row_source<NUM_HEADS>(a, b, m_block * kRows + row);
+    CUTE_UNROLL
+    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
+      const int c = sub + k * kThreadsPerRow;
+      cp_async_16_zfill(smem_u32(staging + row * kRowBytes + c * 16), src.chunk(c), src.valid);
+    }
+  }
+  cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
+  constexpr int kChunks = kRows * kChunksPerRow;
+#pragma unroll 1
+  for (int oc = ptid; oc < kChunks; oc += kProducerThreads) {
+    const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
+    uint32_t w[4];
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) {  // columns col + 2i, col + 2i + 1: one bf16 pair (st_q_dim keeps pairs)
+      w[i] = bf16x2_to_f16x2_prescaled(
+          *reinterpret_cast<const uint32_t*>(staging + row * kRowBytes + 2 * st_q_dim(col + 2 * i)));
+    }
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(s.q) + swizzled_offset(row, col, kRows)) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
+                                                 int kv_begin, int kv_end, int num_tiles, int ptid) {
+  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
+  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+  load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
+  arrive_barrier(&s.q_full);
+  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+  cp_async_wait_all();  // do not retire while copies are in flight
+}
+
 }  // namespace mla

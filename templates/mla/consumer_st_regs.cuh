@@ -1,0 +1,240 @@
+// The transposed math warpgroups for fp8 caches with MLA_ST_FP8_REGS (SharedStorageStFp8): the same
+// S^T = K Q^T, column softmax and O^T += V^T P^T as consume_st (consumer_st.cuh), but the KV operand
+// never exists in fp16 in shared memory. Each thread loads the raw e4m3 bytes of its own fragment with
+// 16-byte shared loads, converts them to fp16 in registers (exact) and issues register-sourced wgmma
+// (A from registers, B = Q or P^T from shared memory). Compared with widening in place this takes the
+// 72 KiB of fp16 stores per tile and half of the wgmma operand reads out of shared memory, and the ring
+// holds 4 stages of 36 KiB raw bytes instead of 2 fp16 stages, so loads run further ahead.
+//
+// Why the orders below: the fp16 fragment of wgmma's A operand (m64k16, PTX "register fragment A")
+// gives a thread rows g, g + 8 (g = lane / 4) and columns 2t, 2t+1, 2t+8, 2t+9 (t = lane % 4) of its
+// warp's 16 x 16 block, two values per register. A GEMM does not care in which order its k index runs,
+// nor in which order the rows of its result are stored, as long as both operands agree, so:
+// - S^T (A = K, rows = tokens, k = the 576 values): in each 64-value block the Q tile is stored
+//   permuted (producer.cuh st_q_dim) so that a thread's values for k-steps j = 0..3 are bytes
+//   4j .. 4j+3 of one 16-byte load of its token row (values 16 t .. 16 t + 15): 2 loads a slot.
+// - O^T (A = V^T, rows = the 512 latent values, k = tokens): O^T's row r of atom m in warp w is stored
+//   as latent value 128 w + 16 g + 2 m + (r >= 8) (st_regs_dim), so a thread's 16 values over the 8
+//   atoms are 16 contiguous bytes of a token row; a k-step then needs 4 loads (tokens 2t, 2t+1, 2t+8,
+//   2t+9) and byte permutes pair two tokens per register. P^T is stored with tokens in the order
+//   st_token(k) = k ^ ((k >> 1) & 1), which puts two even and two odd token rows in every load
+//   instruction, so a warp's 32 loads spread over all banks (4 wavefronts for 512 bytes).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "constants.cuh"
+#include "consumer_st.cuh"
+#include "layouts.cuh"
+#include "primitives.cuh"
+#include "producer.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// Token order of P^T's k index (an involution inside every pair of tokens).
+__device__ __forceinline__ constexpr int st_token(int k) { return k ^ ((k >> 1) & 1); }
+
+// Latent value held in O^T's row 16 warp + lane / 4 + 8 hi of atom m.
+__device__ __forceinline__ int st_regs_dim(int warp, int lane, int m, int hi) {
+  return 128 * warp + 16 * (lane / 4) + 2 * m + hi;
+}
+
+// One register-sourced wgmma m64 n kRows k16, fp16 x fp16 -> fp32, B K-major from shared memory.
+template <int kRows, class Acc>
+__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b, Acc&& d, GMMA::ScaleOut scale) {
+  using namespace cute::SM90::GMMA;
+  if constexpr (kRows == 16) {
+    MMA_64x16x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>::fma(a[0], a[1], a[2], a[3], desc_b, d(0), d(1), d(2),
+                                                                   d(3), d(4), d(5), d(6), d(7), scale);
+  } else {
+    MMA_64x8x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>::fma(a[0], a[1], a[2], a[3], desc_b, d(0), d(1), d(2),
+                                                                  d(3), scale);
+  }
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+template <int kN>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+// The warpgroup's loop over its tiles t = wg, wg + 2, ...: tile t in stage t % 4. Same contract as
+// consume_st, with O^T's rows in st_regs_dim order.
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+__device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRows>& c, FragO& tOrO,
+                                                float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
+  constexpr int kCols = kRows / 4;
+  using Element = cutlass::half_t;
+  using LS = StLayouts<Element, kRows>;
+  typename LS::TiledMmaS mma_s;
+  typename LS::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
+  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
+  const int wg = c.wg;
+  if (wg >= c.num_tiles) return;  // a single tile: warpgroup 1 has nothing (warp-uniform)
+
+  Element* pt = s.pt[wg];
+  // Shared-memory descriptors of the B operands, one per k-step (the SS atoms' partitions give them).
+  Tensor tSrQ = thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.q), typename LS::SmemLayoutQ{}));
+  Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
+  const int g = c.lane / 4, tq = c.lane % 4;
+  const int tok0 = 16 * c.warp + g;  // this thread's token rows of S^T: tok0 and tok0 + 8
+  // O^T: this thread's 16 latent values 128 warp + 16 g + (0..15) lie in slot (2 warp + g / 4) at byte
+  // 16 (g % 4) of every token row.
+  const int v_slot = 2 * c.warp + g / 4, v_col = 16 * (g % 4);
+
+  wait_barrier(&s.q_full, 0);
+  int i = 0;
+  for (int t = wg; t < c.num_tiles; t += kNumWarpgroups, ++i) {
+    const int stage = wg + kNumWarpgroups * (i & 1);
+    const int parity = (i >> 1) & 1;
+    uint64_t* full = &s.kv_full[stage * kSubTiles];
+    uint64_t* empty = &s.kv_empty[stage * kSubTiles];
+
+    // ---- S^T: per 64-value slot two 16-byte loads, 4 k-steps; the conversion of slot c + 1 overlaps
+    // the wgmma of slot c (two register buffers, at most one batch in flight when one is refilled).
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
+    fence_fragment(tSrS);
+    uint32_t ak[2][4][4];
+    CUTE_UNROLL
+    for (int sub = 0; sub < kSubTiles; ++sub) {
+      wait_barrier(&full[sub], parity);
+      const uint8_t* slot = s.kv[stage][sub];
+      const uint4 r0 = lds128(slot + tok0 * kSubTileCols + 16 * tq);
+      const uint4 r1 = lds128(slot + (tok0 + 8) * kSubTileCols + 16 * tq);
+      uint32_t (&a)[4][4] = ak[sub & 1];
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
+        a[j][0] = lo.x;  // row g,     columns 2t, 2t+1
+        a[j][1] = hi.x;  // row g + 8, columns 2t, 2t+1
+        a[j][2] = lo.y;  // row g,     columns 2t+8, 2t+9
+        a[j][3] = hi.y;  // row g + 8, columns 2t+8, 2t+9
+      }
+      if (sub == kSubTiles - 1) {  // the RoPE slot: read by S^T only (every lane's loads before lane 0 arrives)
+        __syncwarp();
+        release(empty + sub, 1, c.lane);
+      }
+      fence_regs(a);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        wgmma_rs<kRows>(a[j], uint64_t(tSrQ(0, 0, 4 * sub + j)), [&](int e) -> float& { return tSrS(e); },
+                        sub == 0 && j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();
+    }
+    warpgroup_wait<0>();
+    fence_fragment(tSrS);
+
+    // ---- Scale, mask, column max (as consume_st).
+    const int tile_start = c.kv_begin + t * kBlockN;
+    float cmax[kCols];
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
+      const int j = st_col_index(e);
+      const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
+      tSrS(e) = v;
+      cmax[j] = fmaxf(cmax[j], v);
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 4));
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 8));
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 16));
+      if (c.lane < 4) s.col_stat[wg][c.warp][st_col_of_index(j, c.lane)] = cmax[j];
+    }
+    warpgroup_barrier(kBarStWg + wg);
+    float alpha[kCols], m_sub[kCols];
+    bool moved = false;
+    CUTE_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      const int n = st_col_of_index(j, c.lane);
+      float m_new = m_run[j];
+      CUTE_UNROLL
+      for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
+      m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[j] = exp2f(m_run[j] - m_sub[j]);
+      m_run[j] = m_new;
+      moved |= alpha[j] != 1.f;
+      l_run[j] *= alpha[j];
+    }
+    if (__any_sync(0xffffffff, moved)) {
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tOrO); ++m) {
+        CUTE_UNROLL
+        for (int e = 0; e < size<0>(tOrO); ++e) tOrO(e, m, 0) *= alpha[st_col_index(e)];
+      }
+    }
+    // ---- P^T: token tok of S^T goes to k index st_token(tok).
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int j = st_col_index(e);
+      const float pe = exp2f(tSrS(e) - m_sub[j]);
+      l_run[j] += pe;
+      const Element pv = Element(pe);
+      *reinterpret_cast<Element*>(reinterpret_cast<char*>(pt) +
+                                  swizzled_offset(st_col(e, c.lane), st_token(tok0 + 8 * ((e >> 1) & 1)), kRows)) = pv;
+    }
+    fence_proxy_async_shared();  // P^T stores -> wgmma reads
+    warpgroup_barrier(kBarStWg + wg);
+
+    // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows.
+    fence_fragment(tOrO);
+    uint32_t av[2][8][4];
+    const uint8_t* vbase = s.kv[stage][v_slot] + v_col;
+    CUTE_UNROLL
+    for (int k = 0; k < kBlockN / 16; ++k) {
+      const int kk = 16 * k + 2 * tq;  // k indices kk, kk + 1, kk + 8, kk + 9 of P^T
+      const uint4 v0 = lds128(vbase + st_token(kk) * kSubTileCols);
+      const uint4 v1 = lds128(vbase + st_token(kk + 1) * kSubTileCols);
+      const uint4 v2 = lds128(vbase + st_token(kk + 8) * kSubTileCols);
+      const uint4 v3 = lds128(vbase + st_token(kk + 9) * kSubTileCols);
+      uint32_t (&a)[8][4] = av[k & 1];
+      CUTE_UNROLL
+      for (int x = 0; x < 4; ++x) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
+        const uint32_t w0 = word(v0, x), w1 = word(v1, x), w2 = word(v2, x), w3 = word(v3, x);
+        const uint2 p01a = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
+        const uint2 p23a = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x5140));
+        const uint2 p01b = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
+        const uint2 p23b = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x7362));
+        a[2 * x][0] = p01a.x;      // row g (value 4x),       k 2t, 2t+1
+        a[2 * x][1] = p01a.y;      // row g + 8 (value 4x+1), k 2t, 2t+1
+        a[2 * x][2] = p23a.x;      // row g,                  k 2t+8, 2t+9
+        a[2 * x][3] = p23a.y;      // row g + 8,              k 2t+8, 2t+9
+        a[2 * x + 1][0] = p01b.x;  // atom 2x+1: values 4x+2 (row g) and 4x+3 (row g + 8)
+        a[2 * x + 1][1] = p01b.y;
+        a[2 * x + 1][2] = p23b.x;
+        a[2 * x + 1][3] = p23b.y;
+      }
+      if (k == kBlockN / 16 - 1) {  // every raw byte of K and V this warp needs is in registers
+        __syncwarp();
+        release(empty, kSubTiles - 1, c.lane);
+      }
+      fence_regs(a);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int m = 0; m < 8; ++m) {
+        wgmma_rs<kRows>(a[m], uint64_t(tOrP(0, 0, k)), [&](int e) -> float& { return tOrO(e, m, 0); },
+                        GMMA::ScaleOut::One);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();
+    }
+    warpgroup_wait<0>();
+    fence_fragment(tOrO);
+  }
+}
+
+}  // namespace mla
