@@ -16,22 +16,6 @@
 #define MLA_ST 1
 #endif
 
-// MLA_ST_MATH_WIDEN (default 1): on the transposed path an fp8 tile is widened to fp16 by the math
-// warpgroup that owns it, slot by slot just before its S^T wgmma (its tensor work is 4x smaller there,
-// so it has the cycles), instead of by two producer warps; the producer then only copies raw bytes.
-// -DMLA_ST_MATH_WIDEN=0 keeps the producer's widening warps (A/B).
-#ifndef MLA_ST_MATH_WIDEN
-#define MLA_ST_MATH_WIDEN 1
-#endif
-
-// MLA_ST_FP8_REGS (default 1): on the transposed path an fp8 tile is never widened in shared memory:
-// the raw e4m3 bytes sit in a 4-stage ring of 36 KiB stages and the owning math warpgroup converts
-// them to fp16 in registers as the A operand of register-sourced wgmma (consumer_st_regs.cuh).
-// -DMLA_ST_FP8_REGS=0 keeps the 2-stage fp16 ring widened in place (MLA_ST_MATH_WIDEN) for A/B.
-#ifndef MLA_ST_FP8_REGS
-#define MLA_ST_FP8_REGS 1
-#endif
-
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
 #ifndef MLA_FP8_S_FIRST

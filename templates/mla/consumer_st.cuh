@@ -51,33 +51,6 @@ __device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) *
 __device__ __forceinline__ int st_col(int i, int lane) { return (i >> 2) * 8 + 2 * (lane % 4) + (i & 1); }
 __device__ __forceinline__ int st_col_of_index(int c, int lane) { return (c >> 1) * 8 + 2 * (lane % 4) + (c & 1); }
 
-// fp8 caches with MLA_ST_MATH_WIDEN: the raw e4m3 bytes of a slot sit in its upper half (row m at
-// byte 4096 + 64 m, as the producer's copy warps put them) and the owning warpgroup widens them in
-// place. Thread t of the warpgroup takes 16 values (quarter q = t % 4) of rows r = t / 4 and r + 32:
-// fp16 rows 0-31 fill bytes [0, 4096) and touch no raw byte, rows 32-63 overwrite raw bytes of every
-// row, so all raw bytes are read before the barrier and rows r + 32 are written after it. A second
-// barrier (after each writer's proxy fence) makes the whole slot fp16 before any warp's wgmma reads it.
-__device__ __forceinline__ void widen_quarter_row(char* slot_base, int row, int quarter, uint4 v) {
-  const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
-  const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
-  const int col = 16 * quarter;
-  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col, kBlockN)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col + 8, kBlockN)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-}
-
-__device__ __forceinline__ void widen_slot_in_warpgroup(char* slot_base, int tid_wg, int barrier_id) {
-  constexpr int kRawBytes = kBlockN * kSubTileCols;  // the fp16 slot's upper half (producer.cuh kRawOffset)
-  const int r = tid_wg / 4, q = tid_wg % 4;
-  const char* raw = slot_base + kRawBytes + 16 * q;
-  const uint4 lo = *reinterpret_cast<const uint4*>(raw + r * kSubTileCols);
-  const uint4 hi = *reinterpret_cast<const uint4*>(raw + (r + 32) * kSubTileCols);
-  widen_quarter_row(slot_base, r, q, lo);
-  warpgroup_barrier(barrier_id);
-  widen_quarter_row(slot_base, r + 32, q, hi);
-  fence_proxy_async_shared();  // this thread's fp16 stores -> the warpgroup's wgmma reads
-  warpgroup_barrier(barrier_id);
-}
-
 template <int kRows>
 struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
@@ -115,8 +88,6 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
   Tensor tOrV = thr_o.partition_fragment_A(make_tensor(make_smem_ptr(stage), typename L::SmemLayoutVt{}));
   Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
   uint64_t* full = &s.kv_full[wg * kSubTiles];
-  constexpr bool kWidenHere = Storage::kMathWidens;
-  uint64_t* raw_full = &s.raw_full[kWidenHere ? wg * kSubTiles : 0];
   uint64_t* empty = &s.kv_empty[wg * kSubTiles];
   constexpr int kKStepsPerSubTile = kSubTileCols / 16;
   const int tok0 = 16 * c.warp + c.lane / 4;  // this thread's token rows: tok0 and tok0 + 8
@@ -132,14 +103,8 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     mma_s.accumulate_ = GMMA::ScaleOut::Zero;
     CUTE_UNROLL
     for (int sub = 0; sub < kSubTiles; ++sub) {
-      if constexpr (kWidenHere) {  // fp8: this warpgroup widens the slot (the wgmma of earlier slots runs)
-        wait_barrier(&raw_full[sub], parity);
-        widen_slot_in_warpgroup(reinterpret_cast<char*>(stage) + sub * kBlockN * kSubTileCols * int(sizeof(Element)),
-                                c.tid_wg, kBarStWg + wg);
-      } else {
-        wait_barrier(&full[sub], parity);
-        fence_proxy_async_shared();  // producer's writes (cp.async / widening stores) -> wgmma reads
-      }
+      wait_barrier(&full[sub], parity);
+      fence_proxy_async_shared();  // producer's cp.async writes -> wgmma reads
       CUTE_UNROLL
       for (int k = sub * kKStepsPerSubTile; k < (sub + 1) * kKStepsPerSubTile; ++k) {
         cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), tSrS);

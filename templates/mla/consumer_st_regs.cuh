@@ -1,4 +1,4 @@
-// The transposed math warpgroups for fp8 caches with MLA_ST_FP8_REGS (SharedStorageStFp8): the same
+// The transposed math warpgroups for fp8 caches (SharedStorageStFp8): the same
 // S^T = K Q^T, column softmax and O^T += V^T P^T as consume_st (consumer_st.cuh), but the KV operand
 // never exists in fp16 in shared memory. Each thread loads the raw e4m3 bytes of its own fragment with
 // 16-byte shared loads, converts them to fp16 in registers (exact) and issues register-sourced wgmma

@@ -16,14 +16,17 @@
 //   - math warpgroups 1 and 2 (consumer.cuh, 232 registers; fp8 208) compute S = Q K^T with wgmma, starting on
 //     each 64-column sub-tile as it lands, the online softmax, and O += P V; warpgroup w owns
 //     O[:, 256w : 256w+256] in registers. The two warpgroups own alternate tiles' S and
-//     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots;
+//     softmax and hand the row max over ("seesaw"); fp8 caches widen to fp16 in the same slots
+//     (two producer warps widen in place);
 //   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
 //     workspace).
 // With MLA_ST (default) variants of at most 16 heads take the transposed path instead
 // (consumer_st.cuh): blocks of 8 or 16 query rows, S^T = K Q^T with tokens on wgmma M, each math
 // warpgroup owning whole tiles, the two partial softmaxes merged through shared memory at the end
-// (store_rows_st). The producer and the KV ring are the same; only Q's row count differs. Its bf16 /
-// fp16 register budgets are 56 (producer) / 224 (math), fp8 as above.
+// (store_rows_st). For bf16 / fp16 the producer and the KV ring are the same (cp.async only, no TMA);
+// only Q's row count differs. fp8 caches there keep raw e4m3 bytes in a 4-stage ring and the math
+// warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
+// budgets on this path: 56 (producer) / 224 (math).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once

@@ -46,11 +46,12 @@ struct KernelLayouts {
 };
 
 // What a cache dtype computes in. bf16 and fp16 caches run the tensor cores in their own type. An fp8
-// e4m3 cache is widened to fp16 in shared memory by the producer (exact: every e4m3 value is an fp16
-// value); q (bf16) is converted to fp16 times kFp8QPrescale on load (exact unless |q| < 2^-6, where
-// fp16 subnormals keep fewer bits; the factor keeps |q| up to 2^24 finite) and out is bf16. The raw
-// fp8 bytes of a slot land in the upper half of that same fp16 slot and are widened in place
-// (producer.cuh), so fp8 keeps the two fp16 stages of the other dtypes.
+// e4m3 cache is widened to fp16 (exact: every e4m3 value is an fp16 value); q (bf16) is converted to
+// fp16 times kFp8QPrescale on load (exact unless |q| < 2^-6, where fp16 subnormals keep fewer bits;
+// the factor keeps |q| up to 2^24 finite) and out is bf16. On the 64-row path the raw fp8 bytes of a
+// slot land in the upper half of that same fp16 slot and the producer widens them in place, so fp8
+// keeps the two fp16 stages of the other dtypes; on the transposed path (SharedStorageStFp8) they stay
+// raw in shared memory and the math warpgroups widen them in registers.
 template <class Cache>
 struct CacheTypes {
   using Mma = Cache;
@@ -77,8 +78,7 @@ struct SharedStorage {
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kBlockM;
   static constexpr int kRing = kStages;
-  static constexpr bool kRegWiden = false;
-  static constexpr bool kMathWidens = false;  // fp8: the producer's widening warps widen
+  static constexpr bool kRegWiden = false;  // fp8: the producer's widening warps widen in shared memory
   // setmaxnreg budgets (constants.cuh)
   static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
   static constexpr uint32_t kMathRegsUsed = Types::kFp8 ? kMathRegsFp8 : kMathRegs;
@@ -127,11 +127,9 @@ struct SharedStorageSt {
   static constexpr int kRowsPerCta = kRows;
   static constexpr int kRing = kStages;
   static constexpr bool kRegWiden = false;
-  // fp8: the owning math warpgroup widens each slot (consumer_st.cuh), the producer only copies.
-  static constexpr bool kMathWidens = Types::kFp8 && MLA_ST_MATH_WIDEN != 0;
-  // setmaxnreg budgets: an fp8 producer that widens needs 80 registers, one that only copies fits 56.
-  static constexpr uint32_t kProducerRegsUsed = Types::kFp8 && !kMathWidens ? kProducerRegsFp8 : kProducerRegsSt;
-  static constexpr uint32_t kMathRegsUsed = Types::kFp8 && !kMathWidens ? kMathRegsFp8 : kMathRegsSt;
+  static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  static_assert(!Types::kFp8, "fp8 caches on the transposed path use SharedStorageStFp8");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];  // P^T of the warpgroup's current tile
@@ -141,10 +139,9 @@ struct SharedStorageSt {
   uint64_t q_full;
   uint64_t kv_full[kStages * kSubTiles];
   uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
-  uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];
 };
 
-// Shared memory of the transposed path for fp8 caches with MLA_ST_FP8_REGS: the ring holds raw e4m3
+// Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
 // bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
 // four stages, stage t % 4 for tile t, so each math warpgroup alternates between two of them. Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
@@ -156,8 +153,7 @@ struct SharedStorageStFp8 {
   using Element = cutlass::half_t;
   static constexpr int kRowsPerCta = kRows;
   static constexpr int kRing = kStagesStFp8;
-  static constexpr bool kRegWiden = true;
-  static constexpr bool kMathWidens = false;
+  static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
   static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
   static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
   alignas(1024) Element q[kRows * kHeadDimK];
@@ -176,7 +172,7 @@ struct SharedStorageStFp8 {
 template <class Cache, int NUM_HEADS>
 using KernelStorage = std::conditional_t<
     kUseSt<NUM_HEADS>,
-    std::conditional_t<CacheTypes<Cache>::kFp8 && MLA_ST_FP8_REGS != 0, SharedStorageStFp8<kRowBlock<NUM_HEADS>>,
+    std::conditional_t<CacheTypes<Cache>::kFp8, SharedStorageStFp8<kRowBlock<NUM_HEADS>>,
                        SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>>,
     SharedStorage<Cache>>;
 

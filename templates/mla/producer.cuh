@@ -1,8 +1,10 @@
 // The producer warpgroup of the decode kernel (see kernel.cuh for the whole CTA): it gathers Q and
 // every KV tile of a split through block_table into the shared-memory ring and signals each 8 KiB
 // slot's "full" mbarrier; bf16/fp16 caches with 16-byte cp.async straight into the ring (or, for a
-// page size that is a multiple of 64, full tiles with TMA), fp8 caches with cp.async into the slot's
-// upper half, widened to fp16 in place.
+// page size that is a multiple of 64 on the 64-row path, full tiles with TMA); fp8 caches on the
+// 64-row path with cp.async into the slot's upper half, widened to fp16 in place by two of its warps;
+// fp8 caches on the transposed path (at most 16 heads) raw into a 4-stage e4m3 ring that the math
+// warpgroups convert in registers (produce_fp8_ring at the end of this file).
 #pragma once
 #include "abi.h"
 #include "constants.cuh"
@@ -324,7 +326,7 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
   }
 }
 
-// Storage: SharedStorage<float_e4m3_t> or SharedStorageSt<float_e4m3_t, kRows> (Q's row count only).
+// Storage: SharedStorage<float_e4m3_t> (the 64-row path; the transposed path takes produce_fp8_ring).
 template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
@@ -337,13 +339,13 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
   if (ptid < kFp8CopyThreads) {
     copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
     cp_async_wait_all();  // do not retire while copies are in flight
-  } else if constexpr (!Storage::kMathWidens) {  // else the math warpgroups widen (consumer_st.cuh)
+  } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// fp8 on the transposed path with MLA_ST_FP8_REGS (SharedStorageStFp8): the producer only copies raw
+// fp8 on the transposed path (SharedStorageStFp8): the producer only copies raw
 // e4m3 bytes into a 4-stage ring; the math warpgroups convert them in registers (consumer_st_regs.cuh).
 
 // Where Q's value `dim` (0..575) sits in the fp16 Q tile: the tile's column k holds dim st_q_dim(k).
