@@ -40,7 +40,8 @@ namespace mla {
 
 using namespace cute;
 
-// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's).
+// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's, 13
+// the fp8 register path's producer barrier, producer.cuh kBarProducer).
 constexpr int kBarStWg = 9;      // + wg: the 128 threads of one math warpgroup (column max, P^T ready)
 constexpr int kBarStMerge = 11;  // both warpgroups: statistics and O exchange at the end
 // Every slot of stage w is read by warpgroup w's four warps only.

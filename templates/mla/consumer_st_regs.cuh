@@ -18,7 +18,9 @@
 //   atoms are 16 contiguous bytes of a token row; a k-step then needs 4 loads (tokens 2t, 2t+1, 2t+8,
 //   2t+9) and byte permutes pair two tokens per register. P^T is stored with tokens in the order
 //   st_token(k) = k ^ ((k >> 1) & 1), which puts two even and two odd token rows in every load
-//   instruction, so a warp's 32 loads spread over all banks (4 wavefronts for 512 bytes).
+//   instruction: the lanes of a quarter warp (g in {2i, 2i+1}, t = 0..3) then fall 2 to a 16-byte bank
+//   group instead of 4 (not yet measured with ncu; a swizzle of the raw slots by (row >> 1) & 3 would
+//   make them conflict-free, docs/perf-notes.md v3.6).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -71,6 +73,8 @@ template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRows>& c, FragO& tOrO,
                                                 float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
   constexpr int kCols = kRows / 4;
+  static_assert(kRows == 8 || kRows == 16, "wgmma_rs picks n8 or n16");
+  static_assert(decltype(size<1>(tOrO))::value == 8, "O^T: 8 atoms of 64 latent rows");
   using Element = cutlass::half_t;
   using LS = StLayouts<Element, kRows>;
   typename LS::TiledMmaS mma_s;

@@ -113,12 +113,15 @@ struct StLayouts {
                            GMMA::Major::K>()));
 };
 
-// Shared memory of the transposed path: Q (kRows x 576, 18 KiB at 16 rows), the same 2 x 9-slot KV
-// ring as SharedStorage (each stage now read by one warpgroup only), a P^T tile per math warpgroup,
+// Shared memory of the transposed path, bf16/fp16 (fp8: SharedStorageStFp8 below): Q (kRows x 576,
+// 18 KiB at 16 rows), the same 2 x 9-slot KV ring as SharedStorage (each stage now read by one
+// warpgroup only), a P^T tile per math warpgroup,
 // the per-warp column statistics of each warpgroup (max during the loop, sums at the end), and an
 // fp32 [kRows][512] exchange buffer where the two warpgroups' O^T are merged and transposed back to
 // row-major for coalesced stores. Its row stride is padded by 4 floats so that the scattered
 // accumulator writes (row n = 2 * (lane % 4) + ..., column d = lane / 4 + ...) hit 32 distinct banks.
+// (The fp8 register path's row order, d = 128 warp + 16 (lane / 4) + ..., does not: its merge stores
+// are 8-way bank conflicts, a known cost; docs/perf-notes.md v3.6.)
 constexpr int kOxStride = kHeadDimV + 4;
 template <class Cache, int kRows>
 struct SharedStorageSt {
@@ -145,8 +148,10 @@ struct SharedStorageSt {
 // bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
 // four stages, stage t % 4 for tile t, so each math warpgroup alternates between two of them. Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
-// (consumer_st_regs.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
-// Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation.
+// (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
+// Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
+// every producer thread reads its staging bytes before it arrives on q_full, and the math warpgroups
+// write o_x only in merge_st (after q_full, or after the merge barrier for a warpgroup without a tile).
 template <int kRows>
 struct SharedStorageStFp8 {
   using Types = CacheTypes<cutlass::float_e4m3_t>;
