@@ -90,6 +90,10 @@ struct SharedStorage {
   uint64_t kv_full[kStages * kSubTiles];   // slot stage * kSubTiles + c has landed (fp8: widened)
   uint64_t kv_empty[kStages * kSubTiles];  // every math warp that reads the slot is done
   uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];  // fp8: the slot's raw bytes have landed
+  // fp8: raw row m of a slot sits at kRawSlotOffset + 64 m (the fp16 slot's upper half); its copies
+  // arrive on raw_full (the widening warps then arrive on kv_full).
+  static constexpr uint32_t kRawSlotOffset = kBlockN * kSubTileCols;
+  __device__ uint64_t* raw_landed(int slot) { return &raw_full[slot]; }
 };
 
 // The transposed path (consumer_st.cuh) for kRows = 8 or 16 query rows per CTA. Tokens sit on wgmma
@@ -171,6 +175,9 @@ struct SharedStorageStFp8 {
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
   static_assert(kRows * kHeadDimK * 2 <= kRows * kOxStride * 4, "o_x stages Q's bf16 rows");
+  // Raw row m of a slot at byte 64 m; the copies arrive on kv_full (nobody widens in shared memory).
+  static constexpr uint32_t kRawSlotOffset = 0;
+  __device__ uint64_t* raw_landed(int slot) { return &kv_full[slot]; }
 };
 
 // The shared storage a variant's kernel uses.

@@ -211,7 +211,6 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
 
 constexpr int kFp8CopyThreads = 64;   // warps 0-1 of the producer
 constexpr int kFp8WidenThreads = 64;  // warps 2-3: two half rows of a slot each
-constexpr uint32_t kRawOffset = kBlockN * kSubTileCols;  // bytes: the raw copy sits in the slot's upper half
 static_assert(kFp8CopyThreads + kFp8WidenThreads == kProducerThreads && kFp8WidenThreads == kBlockN,
               "fp8 producer split");
 
@@ -220,21 +219,27 @@ __device__ __forceinline__ void widen_barrier() {
   asm volatile("bar.sync 8, %0;\n" ::"n"(kFp8WidenThreads) : "memory");
 }
 
-// Copy warps: tile after tile, slot after slot as the math warps release it. Thread ct copies 16-byte
-// chunk ct % 4 of rows ct / 4 + 16 j (j < 4) of every slot; a warp reads 8 rows x 64 bytes per
-// instruction. Pages are looked up one tile ahead.
-template <int PAGE_SIZE, class Storage>
+// Copies the raw e4m3 bytes of tiles [first_tile, last_tile), slot after slot as the math warps release
+// it, with kCopyThreads threads: thread ct copies 16-byte chunk ct % 4 of rows ct / 4 + (kCopyThreads /
+// 4) j of every slot (a warp: 8 rows x 64 bytes per instruction) and arrives on the slot's "raw bytes
+// landed" barrier (Storage::raw_landed). Raw row m of a slot sits at Storage::kRawSlotOffset + 64 m:
+// the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages), a 4 KiB raw slot
+// of the transposed path's ring (128 copy threads, 4 stages). Pages are looked up one tile ahead; rows
+// past kv_end are zero bytes.
+template <int PAGE_SIZE, int kCopyThreads, class Storage>
 __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,
                                                int last_tile, int ct) {
-  constexpr int kRows = 4;  // rows per thread per tile
+  constexpr int kRowStep = kCopyThreads / 4;
+  constexpr int kRows = kBlockN / kRowStep;  // rows per thread per tile
+  constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
   int32_t page[kRows], next_page[kRows];
   auto lookup = [&](int t, int32_t (&pg)[kRows]) {
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
       pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
@@ -244,23 +249,23 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
     const char* src[kRows];
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
       src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
                             : cache;
     }
-    const int stage = t % kStages;
-    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
-    const uint32_t stage_dst = smem_u32(s.kv[stage]) + kRawOffset + uint32_t(n0 * kSubTileCols + q * 16);
+    const int stage = t % Storage::kRing;
+    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
+    const uint32_t stage_dst = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset + uint32_t(n0 * kSubTileCols + q * 16);
 #pragma unroll 1  // kept rolled: the producer has few registers
     for (int c = 0; c < kSubTiles; ++c) {
       const int slot = stage * kSubTiles + c;
       wait_barrier(&s.kv_empty[slot], empty_parity);
       CUTE_UNROLL
       for (int j = 0; j < kRows; ++j) {
-        cp_async_16_zfill(stage_dst + uint32_t(c) * 8192u + uint32_t(16 * j * kSubTileCols),
+        cp_async_16_zfill(stage_dst + uint32_t(c * kSlotBytes + kRowStep * j * kSubTileCols),
                           src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
       }
-      cp_async_arrive_noinc(&s.raw_full[slot]);
+      cp_async_arrive_noinc(s.raw_landed(slot));
     }
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
@@ -296,7 +301,7 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
     wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
-    const char* src = stage_base + (c0 + i) * 8192 + kRawOffset + 32 * half;
+    const char* src = stage_base + (c0 + i) * 8192 + Storage::kRawSlotOffset + 32 * half;
     raw[i][0] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols);
     raw[i][1] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols + 16);
     raw[i][2] = *reinterpret_cast<const uint4*>(src + (r + 32) * kSubTileCols);
@@ -332,12 +337,12 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
-  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
-    copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
     cp_async_wait_all();  // do not retire while copies are in flight
   } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
@@ -358,52 +363,6 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 }
 
 constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
-
-// Copies tiles [first_tile, last_tile) into the ring, slot after slot as the math warps release them.
-// Thread ct copies 16-byte chunk ct % 4 of rows ct / 4 and ct / 4 + 32 of every slot (a warp: 8 rows x
-// 64 bytes per instruction). Pages are looked up one tile ahead; rows past kv_end are zero bytes.
-template <int PAGE_SIZE, class Storage>
-__device__ __forceinline__ void copy_fp8_ring(Storage& s, const MlaDecodeArgs& a, const int32_t* table, int kv_begin,
-                                              int kv_end, int first_tile, int last_tile, int ct) {
-  constexpr int kRows = 2;  // rows per thread per tile
-  const char* cache = static_cast<const char*>(a.kv_cache);
-  const int n0 = ct / 4, q = ct % 4;
-  int32_t page[kRows], next_page[kRows];
-  auto lookup = [&](int t, int32_t (&pg)[kRows]) {
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
-      pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
-    }
-  };
-  lookup(first_tile, page);
-  for (int t = first_tile; t < last_tile; ++t) {
-    lookup(t + 1, next_page);
-    const char* src[kRows];
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
-      src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
-                            : cache;
-    }
-    const int stage = t % Storage::kRing;
-    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
-    const uint32_t stage_dst = smem_u32(&s.kv[stage][0][0]) + uint32_t(n0 * kSubTileCols + q * 16);
-#pragma unroll 1  // kept rolled: the producer has few registers
-    for (int c = 0; c < kSubTiles; ++c) {
-      const int slot = stage * kSubTiles + c;
-      wait_barrier(&s.kv_empty[slot], empty_parity);
-      CUTE_UNROLL
-      for (int j = 0; j < kRows; ++j) {
-        cp_async_16_zfill(stage_dst + uint32_t(c * kBlockN * kSubTileCols + 32 * j * kSubTileCols),
-                          src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
-      }
-      cp_async_arrive_noinc(&s.kv_full[slot]);
-    }
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
-  }
-}
 
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16
@@ -448,11 +407,11 @@ __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
-  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
-  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
