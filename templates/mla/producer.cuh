@@ -43,11 +43,12 @@ __device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b
   return r;
 }
 
-// Q block of kRows rows (64, or 8 / 16 on the transposed path): eight producer threads copy one
-// 1152-byte row (9 chunks each), 16 rows per pass; with 8 rows the upper half of the warpgroup
-// copies nothing.
-template <class Element, int NUM_HEADS, int kRows>
-__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+// Copies the Q rows of a block of kRows rows (64, or 8 / 16 on the transposed path), 16-byte chunk c
+// of row `row` to shared address dst(row, c): eight producer threads copy one 1152-byte row (9 chunks
+// each), 16 rows per pass; with 8 rows the upper half of the warpgroup copies nothing. Padding rows
+// (h >= num_heads or qi >= q_len) are zero-filled.
+template <int NUM_HEADS, int kRows, class Dst>
+__device__ __forceinline__ void copy_q_rows(const MlaDecodeArgs& a, int b, int m_block, int ptid, Dst&& dst) {
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
@@ -58,10 +59,16 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
     CUTE_UNROLL
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
-      const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kRows);
-      cp_async_16_zfill(dst, q.chunk(c), q.valid);  // padding rows: zeros
+      cp_async_16_zfill(dst(row, c), q.chunk(c), q.valid);
     }
   }
+}
+
+// Q block straight into its swizzled tile (the wgmma operand layout).
+template <class Element, int NUM_HEADS, int kRows>
+__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+  copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
+                                [&](int row, int c) { return smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kRows); });
 }
 
 // Whether a variant loads full KV tiles with TMA: bf16/fp16 caches whose pages hold whole 64-token
@@ -372,19 +379,8 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kRowBytes = kHeadDimK * 2;
   char* staging = reinterpret_cast<char*>(s.o_x);
-  const int sub = ptid % kThreadsPerRow;
-  constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
-  CUTE_UNROLL
-  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-    const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    if (kRows % kRowsPerPass != 0 && row >= kRows) continue;
-    const QRowSource src = q_row_source<NUM_HEADS>(a, b, m_block * kRows + row);
-    CUTE_UNROLL
-    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
-      const int c = sub + k * kThreadsPerRow;
-      cp_async_16_zfill(smem_u32(staging + row * kRowBytes + c * 16), src.chunk(c), src.valid);
-    }
-  }
+  copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
+                                [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
   cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
   constexpr int kChunks = kRows * kChunksPerRow;
