@@ -1,24 +1,14 @@
 """benchmarks/bench.py's command-line parts that need no GPU: which anchors file a run reads by
 default, and the source hash a run records."""
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("bench", BENCH_DIR / "bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with benchmark_module("bench") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 @pytest.mark.parametrize("dtype, mode, name", [
