@@ -8,7 +8,9 @@
 #
 # Environment: BENCH_ARGS (default: the page-64 anchors, checked), CUDAFLAGS_A / CUDAFLAGS_B (extra
 # nvcc flags per side, e.g. -DMLA_L2_PREFETCH=0), PYTEST_B (if set, pytest arguments to run B's own
-# tests against B's build, e.g. "-q -x tests/test_gpu_fp8.py"), OUT (where logs and JSON go).
+# tests against B's build, e.g. "-q -x tests/test_gpu_fp8.py"), OUT (where logs and JSON go), A_JSON (if
+# set to an existing file: A's results from an earlier run with the same filter and BENCH_ARGS; A is
+# then neither built nor benchmarked again, so several B configurations share one A).
 set -uo pipefail
 other=${1:?usage: scripts/ab_bench.sh OTHER_TREE [build filter args...]}
 shift
@@ -16,7 +18,11 @@ source "$(dirname "$0")/device_env.sh"
 root=$(pwd)
 # Both sides run from their own tree: give anchors paths as absolute ($PWD/shared/...).
 BENCH_ARGS=${BENCH_ARGS:---anchors $root/shared/anchors-h200.json --check --page 64}
-for side in A B; do
+sides="A B"
+if [ -n "${A_JSON:-}" ] && [ -f "$A_JSON" ]; then
+  sides=B; [ "$A_JSON" -ef "$OUT/ab_A.json" ] || cp "$A_JSON" "$OUT/ab_A.json"
+fi
+for side in $sides; do
   tree=$root; [ "$side" = B ] && tree=$(cd "$other" && pwd)
   flags_var=CUDAFLAGS_$side
   # One build tree per source tree: CMake refuses a build folder configured for another source.
@@ -37,7 +43,9 @@ import json, math, sys
 def cases(path):
     data = json.load(open(path))
     rows = data["cases"] if isinstance(data, dict) else data
-    return {(c["num_heads"], c["batch"], c["seq_mean"], c["page_size"], c["ragged"]): c for c in rows}
+    # Anchor cases whose variant the filter did not build carry no time of ours.
+    return {(c["num_heads"], c["batch"], c["seq_mean"], c["page_size"], c["ragged"]): c
+            for c in rows if "cold_us" in c}
 a, b = cases(sys.argv[1]), cases(sys.argv[2])
 ratios = []
 print(f"{'heads':>5} {'batch':>5} {'seq':>6} {'page':>4} {'rag':>3} {'A us':>9} {'B us':>9} {'B/A':>6}")
