@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import random
@@ -70,10 +71,16 @@ CHECK_SUBSET = 8
 # Cases
 # ------------------------------------------------------------------------------------------------
 
-def default_anchors_path() -> Path:
-    """<repo>/../shared/anchors-h200.json, else <repo>/shared/anchors-h200.json (a copy next to the code)."""
-    candidates = [REPO.parent / "shared" / "anchors-h200.json", REPO / "shared" / "anchors-h200.json"]
+def default_anchors_path(name: str = "anchors-h200.json") -> Path:
+    """<repo>/../shared/<name>, else <repo>/shared/<name> (a copy next to the code)."""
+    candidates = [REPO.parent / "shared" / name, REPO / "shared" / name]
     return next((c for c in candidates if c.is_file()), candidates[0])
+
+
+def default_anchors_name(dtype: str, mode: str | None) -> str:
+    """The team's anchors file for a run: fp8 caches and any q_len-2+ mode live in the modes file."""
+    modes = dtype == "fp8_e4m3" or (mode is not None and mode != "bf16_q1")
+    return "anchors-h200-modes.json" if modes else "anchors-h200.json"
 
 
 def generated_grid(seed: int = 0) -> list[dict]:
@@ -98,7 +105,7 @@ def generated_grid(seed: int = 0) -> list[dict]:
 
 def load_cases(args) -> tuple[list[dict], dict, str | None]:
     """(cases, anchor metadata, anchors path or None when the grid was generated)."""
-    path = Path(args.anchors) if args.anchors else default_anchors_path()
+    path = Path(args.anchors) if args.anchors else default_anchors_path(default_anchors_name(args.dtype, args.mode))
     if path.is_file():
         data = json.loads(path.read_text())
         cases = []
@@ -423,6 +430,16 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
+def tree_hash() -> str:
+    """sha256 over the paths and contents of templates/, mla_variants/*.py and variants.yaml."""
+    h = hashlib.sha256()
+    files = sorted([*(REPO / "templates").rglob("*"), *(REPO / "mla_variants").glob("*.py"), REPO / "variants.yaml"])
+    for f in files:
+        if f.is_file():
+            h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def environment() -> dict:
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "git_commit": None}
@@ -435,6 +452,9 @@ def environment() -> dict:
                                            text=True, timeout=10, check=True).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         pass
+    # What was actually built and run, whatever git says (a copied or modified tree): a hash of the
+    # kernel templates, the package and variants.yaml, comparable with `python benchmarks/bench.py --tree-hash`.
+    env["tree_sha256"] = tree_hash()
     try:
         env["variants"] = [list(k) for k in list_variants()]
     except Exception:  # noqa: BLE001 - the environment record must not fail the run
@@ -446,12 +466,14 @@ def environment() -> dict:
 # Main
 # ------------------------------------------------------------------------------------------------
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, description: str | None = None):
+    """The benchmark's options (benchmarks/timeline.py reuses them with its own description)."""
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Timing method and output: see the module docstring (benchmarks/bench.py).")
     p.add_argument("--anchors", help="anchor cases JSON (default: <repo>/../shared/anchors-h200.json, else "
-                                     "<repo>/shared/anchors-h200.json; "
+                                     "<repo>/shared/anchors-h200.json; anchors-h200-modes.json instead for "
+                                     "--dtype fp8_e4m3 or a --mode other than bf16_q1; "
                                      "without it the grid is generated, with no peer numbers)")
     p.add_argument("--heads", type=_int_list, help="only these head counts, e.g. 16,128")
     p.add_argument("--batch", type=_int_list, help="only these batch sizes, e.g. 1,8")
@@ -475,6 +497,9 @@ def parse_args(argv=None):
                         f"{CHECK_FULL_TOKENS}, else {CHECK_SUBSET} requests spread over the batch)")
     p.add_argument("--json", help="result file (default: <repo>/bench-results/bench-<timestamp>.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--tree-hash", action="store_true",
+                   help="print the hash of templates/, mla_variants/ and variants.yaml that a run records "
+                        "(environment.tree_sha256) and exit")
     args = p.parse_args(argv)
     args.reps = args.reps or (10 if args.quick else 50)
     args.graph_replays = args.graph_replays or (10 if args.quick else 20)
@@ -488,6 +513,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tree_hash:
+        print(tree_hash())
+        return 0
     if not torch.cuda.is_available():
         print("no CUDA GPU available: the benchmark needs an sm_90a GPU (H100/H200)", file=sys.stderr)
         return 1

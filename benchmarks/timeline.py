@@ -73,7 +73,7 @@ def _median(xs) -> float | None:
 
 
 def main(argv=None) -> int:
-    args = bench.parse_args(argv)
+    args = bench.parse_args(argv, description=__doc__.split("\n\n")[0])
     if not torch.cuda.is_available():
         print("no CUDA GPU available: the timeline needs an sm_90a GPU (H100/H200)", file=sys.stderr)
         return 1

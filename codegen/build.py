@@ -117,6 +117,11 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
         f"-DCMAKE_MAKE_PROGRAM={ninja}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
         f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
         "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
+        # Extra nvcc flags (kernel switches such as -DMLA_TMA=0) from the CUDAFLAGS environment
+        # variable, passed explicitly: CMake itself reads CUDAFLAGS only when a build folder is first
+        # configured, so a changed value would be ignored; here it changes the configure stamp below,
+        # which reconfigures, and ninja recompiles every object whose command line changed.
+        f"-DCMAKE_CUDA_FLAGS={os.environ.get('CUDAFLAGS', '')}",
     ]
     build_dir.mkdir(parents=True, exist_ok=True)
     stamp = build_dir / "mla_configure.json"
