@@ -1,6 +1,6 @@
 """Host-side design check of the fp8 register path's index math (branch next/st-fp8-tune), no GPU.
 
-Mirrors the formulas of templates/mla/producer.cuh (raw_offset, st_q_dim's neighbours), consumer_st_regs.cuh
+Mirrors the formulas of templates/mla/layouts.cuh (raw_offset), consumer_st_regs.cuh
 (the per-thread V^T load offsets v_off, st_token) and consumer_st.cuh (merge_st's float4 merge and
 store_rows_st's swap) in Python and checks: the precomputed offsets equal raw_offset of the permuted
 rows; shared-memory wavefronts per 16-byte warp load with and without the ring swizzle (4 = no bank

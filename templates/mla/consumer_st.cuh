@@ -52,6 +52,9 @@ __device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) *
 __device__ __forceinline__ int st_col(int i, int lane) { return (i >> 2) * 8 + 2 * (lane % 4) + (i & 1); }
 __device__ __forceinline__ int st_col_of_index(int c, int lane) { return (c >> 1) * 8 + 2 * (lane % 4) + (c & 1); }
 
+// Token order of P^T's k index on the fp8 register path (an involution inside every pair of tokens).
+__device__ __forceinline__ constexpr int st_token(int k) { return k ^ ((k >> 1) & 1); }
+
 template <int kRows>
 struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
@@ -61,6 +64,77 @@ struct StContext {
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, warp, lane;
 };
+
+// One tile's softmax step on the transposed path, shared by consume_st and consume_st_regs: scale and
+// mask S^T (tokens tok0, tok0 + 8 of the tile starting at key kv_begin + 64 t), the column max over
+// the warpgroup, the running max / sum update, O^T rescaled when a max moved, and P = exp2(s - max)
+// as 16-bit into P^T (element (n, token); kPermuteTokens stores token tok at k index st_token(tok),
+// the order consume_st_regs reads V^T in). The caller fences and synchronizes before P^T is read.
+template <bool kPermuteTokens, class Storage, class FragS, class FragO, int kRows>
+__device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRows>& c, int t, int tok0, FragS& tSrS,
+                                                 FragO& tOrO, float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
+                                                 typename Storage::Element* pt) {
+  constexpr int kCols = kRows / 4;
+  using Element = typename Storage::Element;
+  // ---- Scale, mask, column max over the thread's 2 tokens, the warp's 8 token pairs (lanes that
+  // share lane % 4), then the warpgroup's 4 warps through shared memory.
+  const int tile_start = c.kv_begin + t * kBlockN;
+  const int wg = c.wg;
+  float cmax[kCols];
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
+  CUTE_UNROLL
+  for (int e = 0; e < size(tSrS); ++e) {
+    const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
+    const int j = st_col_index(e);
+    const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
+    tSrS(e) = v;
+    cmax[j] = fmaxf(cmax[j], v);
+  }
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) {
+    cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 4));
+    cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 8));
+    cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 16));
+    if (c.lane < 4) s.col_stat[wg][c.warp][st_col_of_index(j, c.lane)] = cmax[j];
+  }
+  // The previous tile's readers of col_stat all passed that tile's P^T barrier before these stores.
+  warpgroup_barrier(kBarStWg + wg);
+  float alpha[kCols], m_sub[kCols];
+  bool moved = false;
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) {
+    const int n = st_col_of_index(j, c.lane);
+    float m_new = m_run[j];
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
+    m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[j] = exp2f(m_run[j] - m_sub[j]);
+    m_run[j] = m_new;
+    moved |= alpha[j] != 1.f;
+    l_run[j] *= alpha[j];
+  }
+  // O^T times alpha (no P V of this warpgroup is in flight); once the max settles most tiles skip it.
+  if (__any_sync(0xffffffff, moved)) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tOrO); ++m) {
+      CUTE_UNROLL
+      for (int e = 0; e < size<0>(tOrO); ++e) tOrO(e, m, 0) *= alpha[st_col_index(e)];
+    }
+  }
+  // ---- P = exp2(s - m_sub) as 16-bit into P^T: element (n, token) of the kRows x 64 tile. The
+  // previous tile's P V read P^T; every warp waited for it before the column-max barrier above.
+  CUTE_UNROLL
+  for (int e = 0; e < size(tSrS); ++e) {
+    const int j = st_col_index(e);
+    const float pe = exp2f(tSrS(e) - m_sub[j]);
+    l_run[j] += pe;
+    const Element pv = Element(pe);
+    const int tok = tok0 + 8 * ((e >> 1) & 1);
+    *reinterpret_cast<Element*>(reinterpret_cast<char*>(pt) +
+                                swizzled_offset(st_col(e, c.lane), kPermuteTokens ? st_token(tok) : tok, kRows)) = pv;
+  }
+}
 
 // The warpgroup's loop over its tiles t = wg, wg + 2, ... (all in stage wg). On return O^T, m_run and
 // the thread's partial l (over its own two token rows of each tile, not yet reduced) are this
@@ -117,62 +191,7 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     fence_fragment(tSrS);
     release(empty + kSubTiles - 1, 1, c.lane);  // the RoPE slot is read by S^T only
 
-    // ---- Scale, mask, column max over the thread's 2 tokens, the warp's 8 token pairs (lanes that
-    // share lane % 4), then the warpgroup's 4 warps through shared memory.
-    const int tile_start = c.kv_begin + t * kBlockN;
-    float cmax[kCols];
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
-    CUTE_UNROLL
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
-      const int j = st_col_index(e);
-      const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
-      tSrS(e) = v;
-      cmax[j] = fmaxf(cmax[j], v);
-    }
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) {
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 4));
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 8));
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 16));
-      if (c.lane < 4) s.col_stat[wg][c.warp][st_col_of_index(j, c.lane)] = cmax[j];
-    }
-    // The previous tile's readers of col_stat all passed that tile's P^T barrier before these stores.
-    warpgroup_barrier(kBarStWg + wg);
-    float alpha[kCols], m_sub[kCols];
-    bool moved = false;
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) {
-      const int n = st_col_of_index(j, c.lane);
-      float m_new = m_run[j];
-      CUTE_UNROLL
-      for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
-      m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[j] = exp2f(m_run[j] - m_sub[j]);
-      m_run[j] = m_new;
-      moved |= alpha[j] != 1.f;
-      l_run[j] *= alpha[j];
-    }
-    // O^T times alpha (no P V of this warpgroup is in flight); once the max settles most tiles skip it.
-    if (__any_sync(0xffffffff, moved)) {
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(tOrO); ++m) {
-        CUTE_UNROLL
-        for (int e = 0; e < size<0>(tOrO); ++e) tOrO(e, m, 0) *= alpha[st_col_index(e)];
-      }
-    }
-    // ---- P = exp2(s - m_sub) as 16-bit into P^T: element (n, token) of the kRows x 64 tile. The
-    // previous tile's P V read P^T; every warp waited for it before the column-max barrier above.
-    CUTE_UNROLL
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int j = st_col_index(e);
-      const float pe = exp2f(tSrS(e) - m_sub[j]);
-      l_run[j] += pe;
-      const Element pv = Element(pe);
-      *reinterpret_cast<Element*>(reinterpret_cast<char*>(pt) +
-                                  swizzled_offset(st_col(e, c.lane), tok0 + 8 * ((e >> 1) & 1), kRows)) = pv;
-    }
+    st_softmax_to_pt</*kPermuteTokens=*/false>(s, c, t, tok0, tSrS, tOrO, m_run, l_run, pt);
     fence_proxy_async_shared();  // P^T stores -> wgmma reads
     warpgroup_barrier(kBarStWg + wg);
 

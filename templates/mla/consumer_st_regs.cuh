@@ -34,9 +34,6 @@ namespace mla {
 
 using namespace cute;
 
-// Token order of P^T's k index (an involution inside every pair of tokens).
-__device__ __forceinline__ constexpr int st_token(int k) { return k ^ ((k >> 1) & 1); }
-
 // Latent value held in O^T's row 16 warp + lane / 4 + 8 hi of atom m.
 __device__ __forceinline__ int st_regs_dim(int warp, int lane, int m, int hi) {
   return 128 * warp + 16 * (lane / 4) + 2 * m + hi;
@@ -161,58 +158,7 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     warpgroup_wait<0>();
     fence_fragment(tSrS);
 
-    // ---- Scale, mask, column max (as consume_st).
-    const int tile_start = c.kv_begin + t * kBlockN;
-    float cmax[kCols];
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
-    CUTE_UNROLL
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
-      const int j = st_col_index(e);
-      const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
-      tSrS(e) = v;
-      cmax[j] = fmaxf(cmax[j], v);
-    }
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) {
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 4));
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 8));
-      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffff, cmax[j], 16));
-      if (c.lane < 4) s.col_stat[wg][c.warp][st_col_of_index(j, c.lane)] = cmax[j];
-    }
-    warpgroup_barrier(kBarStWg + wg);
-    float alpha[kCols], m_sub[kCols];
-    bool moved = false;
-    CUTE_UNROLL
-    for (int j = 0; j < kCols; ++j) {
-      const int n = st_col_of_index(j, c.lane);
-      float m_new = m_run[j];
-      CUTE_UNROLL
-      for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
-      m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[j] = exp2f(m_run[j] - m_sub[j]);
-      m_run[j] = m_new;
-      moved |= alpha[j] != 1.f;
-      l_run[j] *= alpha[j];
-    }
-    if (__any_sync(0xffffffff, moved)) {
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(tOrO); ++m) {
-        CUTE_UNROLL
-        for (int e = 0; e < size<0>(tOrO); ++e) tOrO(e, m, 0) *= alpha[st_col_index(e)];
-      }
-    }
-    // ---- P^T: token tok of S^T goes to k index st_token(tok).
-    CUTE_UNROLL
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int j = st_col_index(e);
-      const float pe = exp2f(tSrS(e) - m_sub[j]);
-      l_run[j] += pe;
-      const Element pv = Element(pe);
-      *reinterpret_cast<Element*>(reinterpret_cast<char*>(pt) +
-                                  swizzled_offset(st_col(e, c.lane), st_token(tok0 + 8 * ((e >> 1) & 1)), kRows)) = pv;
-    }
+    st_softmax_to_pt</*kPermuteTokens=*/true>(s, c, t, tok0, tSrS, tOrO, m_run, l_run, pt);
     fence_proxy_async_shared();  // P^T stores -> wgmma reads
     warpgroup_barrier(kBarStWg + wg);
 

@@ -43,11 +43,12 @@ __device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b
   return r;
 }
 
-// Q block of kRows rows (64, or 8 / 16 on the transposed path): eight producer threads copy one
-// 1152-byte row (9 chunks each), 16 rows per pass; with 8 rows the upper half of the warpgroup
-// copies nothing.
-template <class Element, int NUM_HEADS, int kRows>
-__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+// Copies the Q rows of a block of kRows rows (64, or 8 / 16 on the transposed path), 16-byte chunk c
+// of row `row` to shared address dst(row, c): eight producer threads copy one 1152-byte row (9 chunks
+// each), 16 rows per pass; with 8 rows the upper half of the warpgroup copies nothing. Padding rows
+// (h >= num_heads or qi >= q_len) are zero-filled.
+template <int NUM_HEADS, int kRows, class Dst>
+__device__ __forceinline__ void copy_q_rows(const MlaDecodeArgs& a, int b, int m_block, int ptid, Dst&& dst) {
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
@@ -58,10 +59,16 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
     CUTE_UNROLL
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       const int c = sub + k * kThreadsPerRow;
-      const uint32_t dst = smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kRows);
-      cp_async_16_zfill(dst, q.chunk(c), q.valid);  // padding rows: zeros
+      cp_async_16_zfill(dst(row, c), q.chunk(c), q.valid);
     }
   }
+}
+
+// Q block straight into its swizzled tile (the wgmma operand layout).
+template <class Element, int NUM_HEADS, int kRows>
+__device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
+  copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
+                                [&](int row, int c) { return smem_u32(sq) + swizzled_offset(row, c * kChunkElems, kRows); });
 }
 
 // Whether a variant loads full KV tiles with TMA: bf16/fp16 caches whose pages hold whole 64-token
@@ -211,7 +218,6 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
 
 constexpr int kFp8CopyThreads = 64;   // warps 0-1 of the producer
 constexpr int kFp8WidenThreads = 64;  // warps 2-3: two half rows of a slot each
-constexpr uint32_t kRawOffset = kBlockN * kSubTileCols;  // bytes: the raw copy sits in the slot's upper half
 static_assert(kFp8CopyThreads + kFp8WidenThreads == kProducerThreads && kFp8WidenThreads == kBlockN,
               "fp8 producer split");
 
@@ -220,21 +226,27 @@ __device__ __forceinline__ void widen_barrier() {
   asm volatile("bar.sync 8, %0;\n" ::"n"(kFp8WidenThreads) : "memory");
 }
 
-// Copy warps: tile after tile, slot after slot as the math warps release it. Thread ct copies 16-byte
-// chunk ct % 4 of rows ct / 4 + 16 j (j < 4) of every slot; a warp reads 8 rows x 64 bytes per
-// instruction. Pages are looked up one tile ahead.
-template <int PAGE_SIZE, class Storage>
+// Copies the raw e4m3 bytes of tiles [first_tile, last_tile), slot after slot as the math warps release
+// it, with kCopyThreads threads: thread ct copies 16-byte chunk ct % 4 of rows ct / 4 + (kCopyThreads /
+// 4) j of every slot (a warp: 8 rows x 64 bytes per instruction) and arrives on the slot's "raw bytes
+// landed" barrier (Storage::raw_landed). Raw row m of a slot sits at Storage::kRawSlotOffset + 64 m:
+// the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages), a 4 KiB raw slot
+// of the transposed path's ring (128 copy threads, 4 stages). Pages are looked up one tile ahead; rows
+// past kv_end are zero bytes.
+template <int PAGE_SIZE, int kCopyThreads, class Storage>
 __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,
                                                int last_tile, int ct) {
-  constexpr int kRows = 4;  // rows per thread per tile
+  constexpr int kRowStep = kCopyThreads / 4;
+  constexpr int kRows = kBlockN / kRowStep;  // rows per thread per tile
+  constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
   int32_t page[kRows], next_page[kRows];
   auto lookup = [&](int t, int32_t (&pg)[kRows]) {
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
       pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
@@ -244,23 +256,24 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
     const char* src[kRows];
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
       src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
                             : cache;
     }
-    const int stage = t % kStages;
-    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
-    const uint32_t stage_dst = smem_u32(s.kv[stage]) + kRawOffset + uint32_t(n0 * kSubTileCols + q * 16);
+    const int stage = t % Storage::kRing;
+    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
+    // Rows n0 + kRowStep j share one chunk position (the ring's swizzle repeats every 8 rows).
+    const uint32_t stage_dst = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset + uint32_t(Storage::raw_chunk_offset(n0, q));
 #pragma unroll 1  // kept rolled: the producer has few registers
     for (int c = 0; c < kSubTiles; ++c) {
       const int slot = stage * kSubTiles + c;
       wait_barrier(&s.kv_empty[slot], empty_parity);
       CUTE_UNROLL
       for (int j = 0; j < kRows; ++j) {
-        cp_async_16_zfill(stage_dst + uint32_t(c) * 8192u + uint32_t(16 * j * kSubTileCols),
+        cp_async_16_zfill(stage_dst + uint32_t(c * kSlotBytes + kRowStep * j * kSubTileCols),
                           src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
       }
-      cp_async_arrive_noinc(&s.raw_full[slot]);
+      cp_async_arrive_noinc(s.raw_landed(slot));
     }
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
@@ -296,7 +309,7 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
     wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
-    const char* src = stage_base + (c0 + i) * 8192 + kRawOffset + 32 * half;
+    const char* src = stage_base + (c0 + i) * 8192 + Storage::kRawSlotOffset + 32 * half;
     raw[i][0] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols);
     raw[i][1] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols + 16);
     raw[i][2] = *reinterpret_cast<const uint4*>(src + (r + 32) * kSubTileCols);
@@ -332,12 +345,12 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
-  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
-    copy_fp8_tiles<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
     cp_async_wait_all();  // do not retire while copies are in flight
   } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
@@ -359,59 +372,6 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 
 constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
 
-// Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
-// slot: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with MLA_FP8_RING_SWIZZLE.
-__host__ __device__ __forceinline__ constexpr int raw_offset(int row, int chunk) {
-  return row * kSubTileCols + 16 * (MLA_FP8_RING_SWIZZLE ? chunk ^ ((row >> 1) & 3) : chunk);
-}
-
-// Copies tiles [first_tile, last_tile) into the ring, slot after slot as the math warps release them.
-// Thread ct copies 16-byte chunk ct % 4 of rows ct / 4 and ct / 4 + 32 of every slot (a warp: 8 rows x
-// 64 bytes per instruction). Pages are looked up one tile ahead; rows past kv_end are zero bytes.
-template <int PAGE_SIZE, class Storage>
-__device__ __forceinline__ void copy_fp8_ring(Storage& s, const MlaDecodeArgs& a, const int32_t* table, int kv_begin,
-                                              int kv_end, int first_tile, int last_tile, int ct) {
-  constexpr int kRows = 2;  // rows per thread per tile
-  const char* cache = static_cast<const char*>(a.kv_cache);
-  const int n0 = ct / 4, q = ct % 4;
-  int32_t page[kRows], next_page[kRows];
-  auto lookup = [&](int t, int32_t (&pg)[kRows]) {
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
-      pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
-    }
-  };
-  lookup(first_tile, page);
-  for (int t = first_tile; t < last_tile; ++t) {
-    lookup(t + 1, next_page);
-    const char* src[kRows];
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + 32 * j;
-      src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
-                            : cache;
-    }
-    const int stage = t % Storage::kRing;
-    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
-    // Rows n0 and n0 + 32 have the same (row >> 1) & 3, so one swizzled chunk serves both.
-    const uint32_t stage_dst = smem_u32(&s.kv[stage][0][0]) + uint32_t(raw_offset(n0, q));
-#pragma unroll 1  // kept rolled: the producer has few registers
-    for (int c = 0; c < kSubTiles; ++c) {
-      const int slot = stage * kSubTiles + c;
-      wait_barrier(&s.kv_empty[slot], empty_parity);
-      CUTE_UNROLL
-      for (int j = 0; j < kRows; ++j) {
-        cp_async_16_zfill(stage_dst + uint32_t(c * kBlockN * kSubTileCols + 32 * j * kSubTileCols),
-                          src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
-      }
-      cp_async_arrive_noinc(&s.kv_full[slot]);
-    }
-    CUTE_UNROLL
-    for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
-  }
-}
-
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge (load_q_permuted), then every 16-byte chunk of the fp16 Q tile is assembled
 // from four bf16 pairs (st_q_dim), rounded to fp16 times kFp8QPrescale (convert_q_permuted).
@@ -420,19 +380,8 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kRowBytes = kHeadDimK * 2;
   char* staging = reinterpret_cast<char*>(s.o_x);
-  const int sub = ptid % kThreadsPerRow;
-  constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
-  CUTE_UNROLL
-  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-    const int row = pass * kRowsPerPass + ptid / kThreadsPerRow;
-    if (kRows % kRowsPerPass != 0 && row >= kRows) continue;
-    const QRowSource src = q_row_source<NUM_HEADS>(a, b, m_block * kRows + row);
-    CUTE_UNROLL
-    for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
-      const int c = sub + k * kThreadsPerRow;
-      cp_async_16_zfill(smem_u32(staging + row * kRowBytes + c * 16), src.chunk(c), src.valid);
-    }
-  }
+  copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
+                                [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
 }
 
 // The second half of load_q_permuted: wait for Q's staged rows, convert them into s.q.
@@ -472,17 +421,17 @@ __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
   cp_async_commit_group();
   const int first = num_tiles < Storage::kRing ? num_tiles : Storage::kRing;
-  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, first, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
 #else
   // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
   const int first = 1;
-  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, 0, first, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
 #endif
   convert_q_permuted(s, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
-  copy_fp8_ring<PAGE_SIZE>(s, a, table, kv_begin, kv_end, first, num_tiles, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, first, num_tiles, ptid);
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
