@@ -240,6 +240,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
   constexpr int kRowStep = kCopyThreads / 4;
   constexpr int kRows = kBlockN / kRowStep;  // rows per thread per tile
   constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
+  static_assert(!Storage::kRegWiden || kRowStep % 8 == 0, "rows n0 + kRowStep j share one swizzled chunk (raw_offset)");
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
   int32_t page[kRows], next_page[kRows];
