@@ -213,6 +213,13 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
   }
 }
 
+// Whether merge_st writes O^T as float4 (the register path's row order: a thread's 16 values per query
+// row are latent values 16 g' .. 16 g' + 15, g' = 8 warp + lane / 4). Float4 q of such a group is
+// stored at position q ^ (g' & 1): a quarter warp (two g', four query rows 2 apart, stride 516 floats)
+// then covers 8 distinct 16-byte bank groups; store_rows_st swaps the halves back.
+template <class Storage>
+constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
+
 // Merges the two warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all 256 math threads, also when the split has no tile (then everything is 0 and -inf).
@@ -250,19 +257,45 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     const int d = Storage::kRegWiden ? st_regs_dim(c.warp, c.lane, m, hi) : 64 * m + 16 * c.warp + c.lane / 4 + 8 * hi;
     return s.o_x[st_col(e, c.lane) * kOxStride + d];
   };
-  if (wg == 0) {
-    CUTE_UNROLL
-    for (int m = 0; m < size<1>(tOrO); ++m) {
+  if constexpr (kMergeV4<Storage>) {
+    // Values 4q .. 4q+3 of column j's 16 are (atom 2q, row g), (2q, g + 8), (2q + 1, g), (2q + 1, g + 8).
+    const int g = 8 * c.warp + c.lane / 4;
+    auto merge_v4 = [&](bool add) {
       CUTE_UNROLL
-      for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) = tOrO(e, m, 0) * f[st_col_index(e)];
+      for (int j = 0; j < kCols; ++j) {
+        const int e0 = (j >> 1) * 4 + (j & 1), e1 = e0 + 2;  // rows g and g + 8 of column j
+        float4* row = reinterpret_cast<float4*>(&s.o_x[st_col_of_index(j, c.lane) * kOxStride + 16 * g]);
+        CUTE_UNROLL
+        for (int q = 0; q < 4; ++q) {
+          float4 v = make_float4(tOrO(e0, 2 * q, 0) * f[j], tOrO(e1, 2 * q, 0) * f[j], tOrO(e0, 2 * q + 1, 0) * f[j],
+                                 tOrO(e1, 2 * q + 1, 0) * f[j]);
+          float4* dst = row + (q ^ (g & 1));
+          if (add) {
+            const float4 o = *dst;
+            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+          }
+          *dst = v;
+        }
+      }
+    };
+    if (wg == 0) merge_v4(false);
+    math_barrier(kBarStMerge);
+    if (wg == 1) merge_v4(true);
+  } else {
+    if (wg == 0) {
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(tOrO); ++m) {
+        CUTE_UNROLL
+        for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) = tOrO(e, m, 0) * f[st_col_index(e)];
+      }
     }
-  }
-  math_barrier(kBarStMerge);
-  if (wg == 1) {
-    CUTE_UNROLL
-    for (int m = 0; m < size<1>(tOrO); ++m) {
+    math_barrier(kBarStMerge);
+    if (wg == 1) {
       CUTE_UNROLL
-      for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) += tOrO(e, m, 0) * f[st_col_index(e)];
+      for (int m = 0; m < size<1>(tOrO); ++m) {
+        CUTE_UNROLL
+        for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) += tOrO(e, m, 0) * f[st_col_index(e)];
+      }
     }
   }
   math_barrier(kBarStMerge);

@@ -48,6 +48,20 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b
 }
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// Four e4m3 values (bytes 0..3) -> two fp16x2 words (bytes 0, 1 and bytes 2, 3), low byte first. With
+// MLA_FP8_INT_WIDEN the fp16 bits are built by integer ops: sign to bit 15, exponent and mantissa
+// shifted left by 7, which is the e4m3 value times 2^-8 exactly (normals and subnormals alike; the
+// kernel multiplies both scales by kFp8IntWidenScale); an e4m3 NaN byte becomes a finite value.
+constexpr float kFp8IntWidenScale = 256.f;
+__device__ __forceinline__ uint2 widen4(uint32_t v) {
+#if MLA_FP8_INT_WIDEN
+  const uint32_t lo = __byte_perm(v, 0, 0x1404), hi = __byte_perm(v, 0, 0x3424);  // [0, b0, 0, b1], [0, b2, 0, b3]
+  return make_uint2((lo & 0x80008000u) | ((lo >> 1) & 0x3f803f80u), (hi & 0x80008000u) | ((hi >> 1) & 0x3f803f80u));
+#else
+  return e4m3x4_to_f16x4(v);
+#endif
+}
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 template <int kN>
@@ -84,7 +98,15 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   const int tok0 = 16 * c.warp + g;  // this thread's token rows of S^T: tok0 and tok0 + 8
   // O^T: this thread's 16 latent values 128 warp + 16 g + (0..15) lie in slot (2 warp + g / 4) at byte
   // 16 (g % 4) of every token row.
-  const int v_slot = 2 * c.warp + g / 4, v_col = 16 * (g % 4);
+  const int v_slot = 2 * c.warp + g / 4, v_chunk = g % 4;
+  // Byte offsets of this thread's loads inside a slot, computed once (raw_offset inlined by hand: the
+  // swizzle term (row >> 1) & 3 is the same for both K rows, and t for every V^T row of this thread).
+  // K: rows tok0 and tok0 + 8. V^T, k-step k: rows st_token(16 k + 2t + {0, 1, 8, 9}) = 16 k + v_row[i].
+  const int k_off = raw_offset(tok0, tq);
+  const int v_row[4] = {2 * tq + (tq & 1), 2 * tq + 1 - (tq & 1), 8 + 2 * tq + (tq & 1), 9 + 2 * tq - (tq & 1)};
+  int v_off[4];
+  CUTE_UNROLL
+  for (int r = 0; r < 4; ++r) v_off[r] = raw_offset(v_row[r], v_chunk);  // + 16 k rows: + 1024 k bytes
 
   wait_barrier(&s.q_full, 0);
   int i = 0;
@@ -103,12 +125,12 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     for (int sub = 0; sub < kSubTiles; ++sub) {
       wait_barrier(&full[sub], parity);
       const uint8_t* slot = s.kv[stage][sub];
-      const uint4 r0 = lds128(slot + tok0 * kSubTileCols + 16 * tq);
-      const uint4 r1 = lds128(slot + (tok0 + 8) * kSubTileCols + 16 * tq);
+      const uint4 r0 = lds128(slot + k_off);
+      const uint4 r1 = lds128(slot + k_off + 8 * kSubTileCols);  // row + 8 keeps (row >> 1) & 3
       uint32_t (&a)[4][4] = ak[sub & 1];
       CUTE_UNROLL
       for (int j = 0; j < 4; ++j) {
-        const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
+        const uint2 lo = widen4(word(r0, j)), hi = widen4(word(r1, j));
         a[j][0] = lo.x;  // row g,     columns 2t, 2t+1
         a[j][1] = hi.x;  // row g + 8, columns 2t, 2t+1
         a[j][2] = lo.y;  // row g,     columns 2t+8, 2t+9
@@ -138,22 +160,23 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows.
     fence_fragment(tOrO);
     uint32_t av[2][8][4];
-    const uint8_t* vbase = s.kv[stage][v_slot] + v_col;
+    const uint8_t* vbase = s.kv[stage][v_slot];
     CUTE_UNROLL
     for (int k = 0; k < kBlockN / 16; ++k) {
-      const int kk = 16 * k + 2 * tq;  // k indices kk, kk + 1, kk + 8, kk + 9 of P^T
-      const uint4 v0 = lds128(vbase + st_token(kk) * kSubTileCols);
-      const uint4 v1 = lds128(vbase + st_token(kk + 1) * kSubTileCols);
-      const uint4 v2 = lds128(vbase + st_token(kk + 8) * kSubTileCols);
-      const uint4 v3 = lds128(vbase + st_token(kk + 9) * kSubTileCols);
+      // k indices kk, kk + 1, kk + 8, kk + 9 of P^T, kk = 16 k + 2t
+      const uint8_t* vk = vbase + 16 * k * kSubTileCols;  // 16 rows further keep (row >> 1) & 3
+      const uint4 v0 = lds128(vk + v_off[0]);  // token st_token(kk)
+      const uint4 v1 = lds128(vk + v_off[1]);  // st_token(kk + 1)
+      const uint4 v2 = lds128(vk + v_off[2]);  // st_token(kk + 8)
+      const uint4 v3 = lds128(vk + v_off[3]);  // st_token(kk + 9)
       uint32_t (&a)[8][4] = av[k & 1];
       CUTE_UNROLL
       for (int x = 0; x < 4; ++x) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
         const uint32_t w0 = word(v0, x), w1 = word(v1, x), w2 = word(v2, x), w3 = word(v3, x);
-        const uint2 p01a = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
-        const uint2 p23a = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x5140));
-        const uint2 p01b = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
-        const uint2 p23b = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x7362));
+        const uint2 p01a = widen4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
+        const uint2 p23a = widen4(__byte_perm(w2, w3, 0x5140));
+        const uint2 p01b = widen4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
+        const uint2 p23b = widen4(__byte_perm(w2, w3, 0x7362));
         a[2 * x][0] = p01a.x;      // row g (value 4x),       k 2t, 2t+1
         a[2 * x][1] = p01a.y;      // row g + 8 (value 4x+1), k 2t, 2t+1
         a[2 * x][2] = p23a.x;      // row g,                  k 2t+8, 2t+9

@@ -158,8 +158,15 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
     float inv_sum = l > 0.f ? v_scale / l : 0.f;
     float lse = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
     if (bad_len) inv_sum = lse = __int_as_float(0x7fc00000);  // NaN
-    const float4 lo = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
-    const float4 hi = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0 + 4]);
+    float4 lo = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
+    float4 hi = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0 + 4]);
+    if constexpr (kMergeV4<Storage>) {
+      if ((d0 >> 4) & 1) {  // merge_st swapped the float4 pairs of odd 16-value groups
+        const float4 t = lo;
+        lo = hi;
+        hi = t;
+      }
+    }
     if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
       const SplitWorkspace ws = split_workspace(a);
       const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
@@ -265,6 +272,10 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if constexpr (Types::kFp8) {
     v_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
     score_scale *= v_scale / kFp8QPrescale;
+    if constexpr (Storage::kRegWiden && MLA_FP8_INT_WIDEN) {  // K and V arrive times 2^-8 (widen4)
+      score_scale *= kFp8IntWidenScale;
+      v_scale *= kFp8IntWidenScale;
+    }
   }
 
   if constexpr (kSt) {

@@ -94,6 +94,7 @@ struct SharedStorage {
   // arrive on raw_full (the widening warps then arrive on kv_full).
   static constexpr uint32_t kRawSlotOffset = kBlockN * kSubTileCols;
   __device__ uint64_t* raw_landed(int slot) { return &raw_full[slot]; }
+  __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return row * kSubTileCols + 16 * chunk; }
 };
 
 // The transposed path (consumer_st.cuh) for kRows = 8 or 16 query rows per CTA. Tokens sit on wgmma
@@ -156,6 +157,13 @@ struct SharedStorageSt {
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
 // every producer thread reads its staging bytes before it arrives on q_full, and the math warpgroups
 // write o_x only in merge_st (after q_full, or after the merge barrier for a warpgroup without a tile).
+// Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
+// slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with
+// MLA_FP8_RING_SWIZZLE (rows 8 apart share a position).
+__host__ __device__ __forceinline__ constexpr int raw_offset(int row, int chunk) {
+  return row * kSubTileCols + 16 * (MLA_FP8_RING_SWIZZLE ? chunk ^ ((row >> 1) & 3) : chunk);
+}
+
 template <int kRows>
 struct SharedStorageStFp8 {
   using Types = CacheTypes<cutlass::float_e4m3_t>;
@@ -178,6 +186,7 @@ struct SharedStorageStFp8 {
   // Raw row m of a slot at byte 64 m; the copies arrive on kv_full (nobody widens in shared memory).
   static constexpr uint32_t kRawSlotOffset = 0;
   __device__ uint64_t* raw_landed(int slot) { return &kv_full[slot]; }
+  __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return raw_offset(row, chunk); }
 };
 
 // The shared storage a variant's kernel uses.

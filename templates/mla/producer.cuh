@@ -240,6 +240,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
   constexpr int kRowStep = kCopyThreads / 4;
   constexpr int kRows = kBlockN / kRowStep;  // rows per thread per tile
   constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
+  static_assert(!Storage::kRegWiden || kRowStep % 8 == 0, "rows n0 + kRowStep j share one swizzled chunk (raw_offset)");
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
   int32_t page[kRows], next_page[kRows];
@@ -262,7 +263,8 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
     }
     const int stage = t % Storage::kRing;
     const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
-    const uint32_t stage_dst = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset + uint32_t(n0 * kSubTileCols + q * 16);
+    // Rows n0 + kRowStep j share one chunk position (the ring's swizzle repeats every 8 rows).
+    const uint32_t stage_dst = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset + uint32_t(Storage::raw_chunk_offset(n0, q));
 #pragma unroll 1  // kept rolled: the producer has few registers
     for (int c = 0; c < kSubTiles; ++c) {
       const int slot = stage * kSubTiles + c;
@@ -372,8 +374,8 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
 
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
-// until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16
-// pairs (st_q_dim), rounded to fp16 times kFp8QPrescale.
+// until the final merge (load_q_permuted), then every 16-byte chunk of the fp16 Q tile is assembled
+// from four bf16 pairs (st_q_dim), rounded to fp16 times kFp8QPrescale (convert_q_permuted).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRows = Storage::kRowsPerCta;
@@ -381,7 +383,19 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   char* staging = reinterpret_cast<char*>(s.o_x);
   copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
                                 [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
+}
+
+// The second half of load_q_permuted: wait for Q's staged rows, convert them into s.q.
+template <class Storage>
+__device__ __forceinline__ void convert_q_permuted(Storage& s, int ptid) {
+  constexpr int kRows = Storage::kRowsPerCta;
+  constexpr int kRowBytes = kHeadDimK * 2;
+  const char* staging = reinterpret_cast<const char*>(s.o_x);
+#if MLA_FP8_Q_GROUP
+  cp_async_wait_groups();  // Q's group only; the tiles issued after it stay in flight
+#else
   cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
+#endif
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
   constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll 1
@@ -402,12 +416,23 @@ template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+#if MLA_FP8_Q_GROUP
+  // Q's copies first, as their own group; then every tile whose stage is free from the start (the
+  // first use of a stage never waits), all in flight while Q is converted.
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+  cp_async_commit_group();
+  const int first = num_tiles < Storage::kRing ? num_tiles : Storage::kRing;
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
+#else
+  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
+  const int first = 1;
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
+  load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+#endif
+  convert_q_permuted(s, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, first, num_tiles, ptid);
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
