@@ -1,12 +1,11 @@
-"""Host-side design check of the fp8 register path's index math (branch next/st-fp8-tune), no GPU.
+"""Host-side design check of the fp8 register path's index math, no GPU.
 
 Mirrors the formulas of templates/mla/layouts.cuh (raw_offset), consumer_st_regs.cuh
 (the per-thread V^T load offsets v_off, st_token) and consumer_st.cuh (merge_st's float4 merge and
 store_rows_st's swap) in Python and checks: the precomputed offsets equal raw_offset of the permuted
 rows; shared-memory wavefronts per 16-byte warp load with and without the ring swizzle (4 = no bank
 conflict, quarter-warp model); the float4 merge writes every O value where store_rows_st reads it, and
-its stores are conflict-free; MLA_FP8_INT_WIDEN's integer e4m3 -> fp16 conversion is exact times 2^-8.
-It checks the design, not the compiled code: the GPU tests do that.
+its stores are conflict-free. It checks the design, not the compiled code: the GPU tests do that.
 
     python3 scripts/st_fp8_regs_sim.py
 """
@@ -89,12 +88,3 @@ for kRows in (16, 8):
                     addrs.append(4*(st_col_of_index(j, lane)*stride + 16*g + 4*(q ^ (g & 1))))
                 worst = max(worst, wavefronts(addrs))
     print(f"kRows {kRows}: read-back mismatches {err}, worst wavefronts per merge float4 store {worst}")
-
-# ---- (c) integer widening
-vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-def int_widen(b):
-    x = (b << 8)  # byte at bits 8..15 of a 16-bit lane
-    h = (x & 0x8000) | ((x >> 1) & 0x3f80)
-    return np.array([h], dtype=np.uint16).view(np.float16)[0].astype(np.float32)
-bad = [b for b in range(256) if not np.isnan(vals[b].item()) and int_widen(b) * 256 != vals[b].item()]
-print("int widen mismatches (non-NaN bytes):", bad, " NaN bytes ->", int_widen(0x7f) * 256, int_widen(0xff) * 256)

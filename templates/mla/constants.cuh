@@ -16,26 +16,16 @@
 #define MLA_ST 1
 #endif
 
-// Tuning switches of the transposed fp8 register path (branch next/st-fp8-tune, each for an A/B):
-// MLA_ST_MERGE_V4 (default 1): merge_st writes and adds O^T as float4 in a chunk-swizzled order
-//   (the register path's row order made its scalar merge stores 8-way bank conflicts);
-// MLA_FP8_RING_SWIZZLE (default 1): 16-byte chunk q of raw row r sits at chunk q ^ ((r >> 1) & 3), so
-//   the quarter warps of the K and V^T loads hit 8 distinct bank groups;
-// MLA_FP8_Q_GROUP (default 1): Q's staging copies are their own cp.async group, so the producer
-//   waits for Q only and issues tiles 0-3 before converting it (they used to wait behind tile 0);
-// MLA_FP8_INT_WIDEN (default 0): e4m3 -> fp16 by integer ops (exact times 2^-8, folded into the
-//   scales) instead of F2FP; an e4m3 NaN byte inside a request then reads as 480 x k_scale.
+// Switches of the transposed fp8 register path, measured on the H200 (docs/perf-notes.md, seventh
+// session): MLA_ST_MERGE_V4 (default 1) merge_st writes and adds O^T as float4 in a chunk-swizzled
+// order (0: the scalar merge, 8-way bank conflicts in the register path's row order; 0 is 5% slower);
+// MLA_FP8_RING_SWIZZLE (default 1) 16-byte chunk q of raw row r sits at chunk q ^ ((r >> 1) & 3), so
+// the V^T loads take 4 wavefronts instead of 8 (0 is 1.7% slower).
 #ifndef MLA_ST_MERGE_V4
 #define MLA_ST_MERGE_V4 1
 #endif
 #ifndef MLA_FP8_RING_SWIZZLE
 #define MLA_FP8_RING_SWIZZLE 1
-#endif
-#ifndef MLA_FP8_Q_GROUP
-#define MLA_FP8_Q_GROUP 1
-#endif
-#ifndef MLA_FP8_INT_WIDEN
-#define MLA_FP8_INT_WIDEN 0
 #endif
 
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);

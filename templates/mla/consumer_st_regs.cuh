@@ -49,19 +49,6 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// Four e4m3 values (bytes 0..3) -> two fp16x2 words (bytes 0, 1 and bytes 2, 3), low byte first. With
-// MLA_FP8_INT_WIDEN the fp16 bits are built by integer ops: sign to bit 15, exponent and mantissa
-// shifted left by 7, which is the e4m3 value times 2^-8 exactly (normals and subnormals alike; the
-// kernel multiplies both scales by kFp8IntWidenScale); an e4m3 NaN byte becomes a finite value.
-constexpr float kFp8IntWidenScale = 256.f;
-__device__ __forceinline__ uint2 widen4(uint32_t v) {
-#if MLA_FP8_INT_WIDEN
-  const uint32_t lo = __byte_perm(v, 0, 0x1404), hi = __byte_perm(v, 0, 0x3424);  // [0, b0, 0, b1], [0, b2, 0, b3]
-  return make_uint2((lo & 0x80008000u) | ((lo >> 1) & 0x3f803f80u), (hi & 0x80008000u) | ((hi >> 1) & 0x3f803f80u));
-#else
-  return e4m3x4_to_f16x4(v);
-#endif
-}
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 template <int kN>
@@ -130,7 +117,7 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
       uint32_t (&a)[4][4] = ak[sub & 1];
       CUTE_UNROLL
       for (int j = 0; j < 4; ++j) {
-        const uint2 lo = widen4(word(r0, j)), hi = widen4(word(r1, j));
+        const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
         a[j][0] = lo.x;  // row g,     columns 2t, 2t+1
         a[j][1] = hi.x;  // row g + 8, columns 2t, 2t+1
         a[j][2] = lo.y;  // row g,     columns 2t+8, 2t+9
@@ -173,10 +160,10 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
       CUTE_UNROLL
       for (int x = 0; x < 4; ++x) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
         const uint32_t w0 = word(v0, x), w1 = word(v1, x), w2 = word(v2, x), w3 = word(v3, x);
-        const uint2 p01a = widen4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
-        const uint2 p23a = widen4(__byte_perm(w2, w3, 0x5140));
-        const uint2 p01b = widen4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
-        const uint2 p23b = widen4(__byte_perm(w2, w3, 0x7362));
+        const uint2 p01a = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
+        const uint2 p23a = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x5140));
+        const uint2 p01b = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
+        const uint2 p23b = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x7362));
         a[2 * x][0] = p01a.x;      // row g (value 4x),       k 2t, 2t+1
         a[2 * x][1] = p01a.y;      // row g + 8 (value 4x+1), k 2t, 2t+1
         a[2 * x][2] = p23a.x;      // row g,                  k 2t+8, 2t+9

@@ -272,10 +272,6 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   if constexpr (Types::kFp8) {
     v_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
     score_scale *= v_scale / kFp8QPrescale;
-    if constexpr (Storage::kRegWiden && MLA_FP8_INT_WIDEN) {  // K and V arrive times 2^-8 (widen4)
-      score_scale *= kFp8IntWidenScale;
-      v_scale *= kFp8IntWidenScale;
-    }
   }
 
   if constexpr (kSt) {

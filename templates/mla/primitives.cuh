@@ -18,12 +18,8 @@ using namespace cute;
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// Wait for every cp.async this thread issued.
+// Wait for every cp.async this thread issued (the producer commits no groups).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// Commit this thread's uncommitted cp.async copies as one group / wait until no committed group is
-// pending (copies never committed, e.g. those tracked by an mbarrier, are not waited for).
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_groups() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // 16-byte copy that writes zeros and reads nothing when !valid (src must still be a mapped address).
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),

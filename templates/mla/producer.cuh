@@ -391,11 +391,7 @@ __device__ __forceinline__ void convert_q_permuted(Storage& s, int ptid) {
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kRowBytes = kHeadDimK * 2;
   const char* staging = reinterpret_cast<const char*>(s.o_x);
-#if MLA_FP8_Q_GROUP
-  cp_async_wait_groups();  // Q's group only; the tiles issued after it stay in flight
-#else
   cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
-#endif
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
   constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll 1
@@ -416,23 +412,14 @@ template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-#if MLA_FP8_Q_GROUP
-  // Q's copies first, as their own group; then every tile whose stage is free from the start (the
-  // first use of a stage never waits), all in flight while Q is converted.
+  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's. (Issuing tiles 0-3
+  // before Q, with Q as its own cp.async group, measured no faster: perf-notes, seventh session.)
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-  cp_async_commit_group();
-  const int first = num_tiles < Storage::kRing ? num_tiles : Storage::kRing;
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
-#else
-  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's.
-  const int first = 1;
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, first, ptid);
-  load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-#endif
   convert_q_permuted(s, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, first, num_tiles, ptid);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
