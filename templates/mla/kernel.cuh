@@ -181,6 +181,16 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
   }
 }
 
+// Split variants with MLA_PDL: this thread's stores are done, so as far as it is concerned the combine
+// grid may be scheduled (it runs once every thread of every decode CTA got here or exited, and waits
+// for the whole decode grid before reading). Threads that return early (the producer) count at exit.
+template <bool SPLIT>
+__device__ __forceinline__ void allow_dependent_launch() {
+#if MLA_PDL
+  if constexpr (SPLIT) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
 
@@ -299,6 +309,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     merge_st(s, ctx, tOrO, m_run, l_run);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    allow_dependent_launch<SPLIT>();
     return;
   } else {
     // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
@@ -336,6 +347,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
     }
     store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+    allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
 
