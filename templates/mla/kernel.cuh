@@ -181,9 +181,10 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
   }
 }
 
-// Split variants with MLA_PDL: this thread's stores are done, so as far as it is concerned the combine
-// grid may be scheduled (it runs once every thread of every decode CTA got here or exited, and waits
-// for the whole decode grid before reading). Threads that return early (the producer) count at exit.
+// Split variants with MLA_PDL: allow the combine grid to be scheduled. The trigger counts per CTA (the
+// first thread to execute it fires it for its CTA; the early-returning producer neither fires nor holds
+// it), so the combine can be scheduled once every decode CTA has a math warp past its stores; results
+// do not depend on it, since the combine waits for the whole decode grid before reading.
 template <bool SPLIT>
 __device__ __forceinline__ void allow_dependent_launch() {
 #if MLA_PDL

@@ -157,6 +157,7 @@ int launch(const MlaDecodeArgs* args) {
     config.attrs = attribute;
     config.numAttrs = 1;
     err = cudaLaunchKernelEx(&config, mla_combine_kernel<typename CacheTypes<Cache>::Out>, a);
+    if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
 #else
     // A plain launch (docs/perf-notes.md, v3: an early-triggered dependent launch lost up to 18 us).
     mla_combine_kernel<typename CacheTypes<Cache>::Out><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
