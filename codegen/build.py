@@ -106,23 +106,29 @@ class BuildSummary:
     usage: dict[str, dict]
 
 
+def configure_args(generated_dir: Path, build_dir: Path) -> list[str]:
+    """The CMake configure command for a build folder (its JSON is the folder's configure stamp).
+
+    Extra nvcc flags (kernel switches such as -DMLA_TMA=0) come from the CUDAFLAGS environment variable
+    and are passed explicitly: CMake itself reads CUDAFLAGS only when a build folder is first configured,
+    so a changed value would be ignored; here it changes the stamp, which reconfigures, and ninja then
+    recompiles every object whose command line changed."""
+    return [
+        _tool("cmake", "cmake"), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}", f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
+        f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
+        "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_FLAGS={os.environ.get('CUDAFLAGS', '')}",
+    ]
+
+
 def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: int | None = None,
           echo=print) -> BuildSummary:
     """Configure (when needed) and build the library from `generated_dir` into `build_dir`."""
     t0 = time.monotonic()
     generated_dir, build_dir = Path(generated_dir).resolve(), Path(build_dir).resolve()
-    cmake, ninja, nvcc = _tool("cmake", "cmake"), _tool("ninja", "ninja"), find_nvcc()
-    args = [
-        cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
-        f"-DCMAKE_MAKE_PROGRAM={ninja}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
-        f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
-        "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
-        # Extra nvcc flags (kernel switches such as -DMLA_TMA=0) from the CUDAFLAGS environment
-        # variable, passed explicitly: CMake itself reads CUDAFLAGS only when a build folder is first
-        # configured, so a changed value would be ignored; here it changes the configure stamp below,
-        # which reconfigures, and ninja recompiles every object whose command line changed.
-        f"-DCMAKE_CUDA_FLAGS={os.environ.get('CUDAFLAGS', '')}",
-    ]
+    cmake = _tool("cmake", "cmake")
+    args = configure_args(generated_dir, build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     stamp = build_dir / "mla_configure.json"
     if write_if_changed(stamp, json.dumps(args, indent=1) + "\n") or not (build_dir / "build.ninja").exists():

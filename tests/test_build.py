@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from codegen.build import BuildError, find_nvcc, parse_resource_usage
+from codegen.build import BuildError, configure_args, find_nvcc, parse_resource_usage
 from codegen.render import ROOT
 from mla_variants import _binding
 
@@ -104,3 +104,16 @@ def test_resource_usage_parser_names_the_variant():
     usage = parse_resource_usage(SPILL_LOG)
     assert usage == {"mla_decode_h32_p16_fp16_nosplit": {
         "registers": 255, "stack_bytes": 64, "spill_store_bytes": 64, "spill_load_bytes": 48}}
+
+
+@needs_nvcc
+def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
+    """A changed CUDAFLAGS (e.g. -DMLA_TMA=0) must change the configure command, whose JSON is the build
+    folder's stamp: CMake alone reads CUDAFLAGS only at a folder's first configure and would ignore it."""
+    monkeypatch.delenv("CUDAFLAGS", raising=False)
+    plain = configure_args(tmp_path / "gen", tmp_path / "build")
+    monkeypatch.setenv("CUDAFLAGS", "-DMLA_TMA=0")
+    flagged = configure_args(tmp_path / "gen", tmp_path / "build")
+    assert "-DCMAKE_CUDA_FLAGS=" in plain
+    assert "-DCMAKE_CUDA_FLAGS=-DMLA_TMA=0" in flagged
+    assert plain != flagged

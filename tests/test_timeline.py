@@ -1,23 +1,13 @@
 """benchmarks/timeline.py's grouping of a profiler's device timeline into calls (CPU: synthetic records)."""
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def timeline():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("timeline", BENCH_DIR / "timeline.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with benchmark_module("timeline") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 def test_split_and_plain_calls_are_measured_from_the_spin(timeline):
