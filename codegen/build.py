@@ -127,8 +127,8 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
     """Configure (when needed) and build the library from `generated_dir` into `build_dir`."""
     t0 = time.monotonic()
     generated_dir, build_dir = Path(generated_dir).resolve(), Path(build_dir).resolve()
-    cmake = _tool("cmake", "cmake")
     args = configure_args(generated_dir, build_dir)
+    cmake = args[0]
     build_dir.mkdir(parents=True, exist_ok=True)
     stamp = build_dir / "mla_configure.json"
     if write_if_changed(stamp, json.dumps(args, indent=1) + "\n") or not (build_dir / "build.ninja").exists():

@@ -52,6 +52,12 @@ __device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) *
 __device__ __forceinline__ int st_col(int i, int lane) { return (i >> 2) * 8 + 2 * (lane % 4) + (i & 1); }
 __device__ __forceinline__ int st_col_of_index(int c, int lane) { return (c >> 1) * 8 + 2 * (lane % 4) + (c & 1); }
 
+// Latent value held in O^T's row 16 warp + lane / 4 + 8 hi of atom m on the fp8 register path
+// (consume_st_regs: a thread's 16 values over the 8 atoms are 16 contiguous latent values).
+__device__ __forceinline__ int st_regs_dim(int warp, int lane, int m, int hi) {
+  return 128 * warp + 16 * (lane / 4) + 2 * m + hi;
+}
+
 // Token order of P^T's k index on the fp8 register path (an involution inside every pair of tokens).
 __device__ __forceinline__ constexpr int st_token(int k) { return k ^ ((k >> 1) & 1); }
 
@@ -210,8 +216,9 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
 // Merges the two warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all 256 math threads, also when the split has no tile (then everything is 0 and -inf).
-// kRegRows: O^T's rows are in consume_st_regs' order (latent value st_regs_dim), else in order.
-template <class Storage, class FragO, int kRows = Storage::kRowsPerCta, bool kRegRows = Storage::kRegWiden>
+// On the fp8 register path (Storage::kRegWiden) O^T's rows are in consume_st_regs' order (latent
+// value st_regs_dim), else in order.
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
                                          const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
   constexpr int kCols = kRows / 4;
@@ -237,10 +244,10 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     f[j] = exp2f(m_run[j] - (m == -INFINITY ? 0.f : m));
   }
   // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1)
-  // (kRegRows: 128 warp + 16 (lane / 4) + 2 m + ((e >> 1) & 1)), query row n = st_col(e).
+  // (register path: st_regs_dim), query row n = st_col(e).
   auto o_x = [&](int e, int m) -> float& {
     const int hi = (e >> 1) & 1;
-    const int d = kRegRows ? 128 * c.warp + 16 * (c.lane / 4) + 2 * m + hi : 64 * m + 16 * c.warp + c.lane / 4 + 8 * hi;
+    const int d = Storage::kRegWiden ? st_regs_dim(c.warp, c.lane, m, hi) : 64 * m + 16 * c.warp + c.lane / 4 + 8 * hi;
     return s.o_x[st_col(e, c.lane) * kOxStride + d];
   };
   if (wg == 0) {

@@ -34,11 +34,6 @@ namespace mla {
 
 using namespace cute;
 
-// Latent value held in O^T's row 16 warp + lane / 4 + 8 hi of atom m.
-__device__ __forceinline__ int st_regs_dim(int warp, int lane, int m, int hi) {
-  return 128 * warp + 16 * (lane / 4) + 2 * m + hi;
-}
-
 // One register-sourced wgmma m64 n kRows k16, fp16 x fp16 -> fp32, B K-major from shared memory.
 template <int kRows, class Acc>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b, Acc&& d, GMMA::ScaleOut scale) {
