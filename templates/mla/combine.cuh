@@ -53,6 +53,11 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   const int64_t rows_per_split = int64_t(a.batch) * a.q_len * a.num_heads;
   const int num_splits = a.num_kv_splits;
   const SplitWorkspace ws = split_workspace(a);
+#if MLA_PDL
+  // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
+  // completed and its workspace writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum = 0.f;

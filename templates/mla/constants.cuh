@@ -28,6 +28,16 @@
 #define MLA_FP8_RING_SWIZZLE 1
 #endif
 
+// MLA_PDL (default 1; 0 for an A/B): the combine kernel of a split call is a
+// programmatic dependent launch that may be scheduled once every decode CTA has stored its results
+// (the trigger is the last thing a decode CTA does), and waits for the decode grid's completion
+// before it reads the workspace. The third session triggered earlier (at the start or after the main
+// loop) and lost up to 18 us when early combine CTAs crowded onto the few SMs the decode grid left idle;
+// this trigger measured 1-4 us faster on every split call (perf-notes, seventh session).
+#ifndef MLA_PDL
+#define MLA_PDL 1
+#endif
+
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
 #ifndef MLA_FP8_S_FIRST

@@ -188,6 +188,17 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
   }
 }
 
+// Split variants with MLA_PDL: allow the combine grid to be scheduled. The trigger counts per CTA (the
+// first thread to execute it fires it for its CTA; the early-returning producer neither fires nor holds
+// it), so the combine can be scheduled once every decode CTA has a math warp past its stores; results
+// do not depend on it, since the combine waits for the whole decode grid before reading.
+template <bool SPLIT>
+__device__ __forceinline__ void allow_dependent_launch() {
+#if MLA_PDL
+  if constexpr (SPLIT) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
 
@@ -306,6 +317,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     }
     merge_st(s, ctx, tOrO, m_run, l_run);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    allow_dependent_launch<SPLIT>();
     return;
   } else {
     // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
@@ -343,6 +355,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
       if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
     }
     store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+    allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
 

@@ -142,11 +142,27 @@ int launch(const MlaDecodeArgs* args) {
   if (SPLIT && a.num_kv_splits > 1) {
     const int64_t rows = int64_t(a.batch) * a.q_len * a.num_heads;
     if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
-    // A plain launch. Launched as a programmatic dependent (PDL) the combine gained 1-2 us on short
-    // calls but lost up to 18 us when the decode grid left few SMs idle: the early combine CTAs
-    // crowded onto those SMs (docs/perf-notes.md, v3).
+#if MLA_PDL
+    // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
+    // it only after their stores (kernel.cuh allow_dependent_launch), so no combine CTA can wait on
+    // an SM that a decode CTA still needs, and the combine waits for the whole grid (combine.cuh).
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(rows), 1, 1);
+    config.blockDim = dim3(kCombineThreads, 1, 1);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, mla_combine_kernel<typename CacheTypes<Cache>::Out>, a);
+    if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
+#else
+    // A plain launch (docs/perf-notes.md, v3: an early-triggered dependent launch lost up to 18 us).
     mla_combine_kernel<typename CacheTypes<Cache>::Out><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
     err = cudaGetLastError();
+#endif
   }
   return int(err);
 }
