@@ -48,7 +48,6 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b
 }
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 template <int kN>

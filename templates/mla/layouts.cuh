@@ -125,8 +125,8 @@ struct StLayouts {
 // fp32 [kRows][512] exchange buffer where the two warpgroups' O^T are merged and transposed back to
 // row-major for coalesced stores. Its row stride is padded by 4 floats so that the scattered
 // accumulator writes (row n = 2 * (lane % 4) + ..., column d = lane / 4 + ...) hit 32 distinct banks.
-// (The fp8 register path's row order, d = 128 warp + 16 (lane / 4) + ..., does not: its merge stores
-// are 8-way bank conflicts, a known cost; docs/perf-notes.md v3.6.)
+// (The fp8 register path's row order, d = 128 warp + 16 (lane / 4) + ..., does not; merge_st writes it
+// as swizzled float4 instead, kMergeV4 in consumer_st.cuh.)
 constexpr int kOxStride = kHeadDimV + 4;
 template <class Cache, int kRows>
 struct SharedStorageSt {
