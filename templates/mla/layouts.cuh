@@ -93,6 +93,8 @@ struct SharedStorage {
   // fp8: raw row m of a slot sits at kRawSlotOffset + 64 m (the fp16 slot's upper half); its copies
   // arrive on raw_full (the widening warps then arrive on kv_full).
   static constexpr uint32_t kRawSlotOffset = kBlockN * kSubTileCols;
+  static constexpr int kMathWgs = kNumWarpgroups;
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   __device__ uint64_t* raw_landed(int slot) { return &raw_full[slot]; }
   __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return row * kSubTileCols + 16 * chunk; }
 };
@@ -137,6 +139,8 @@ struct SharedStorageSt {
   static constexpr bool kRegWiden = false;
   static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
   static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  static constexpr int kMathWgs = kNumWarpgroups;
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   static_assert(!Types::kFp8, "fp8 caches on the transposed path use SharedStorageStFp8");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
@@ -144,6 +148,7 @@ struct SharedStorageSt {
   alignas(16) float o_x[kRows * kOxStride];                   // merged O (row n at n * kOxStride)
   float col_stat[kNumWarpgroups][4][kRows];  // per warp of a warpgroup: column max (loop), sum (end)
   float wg_max[kNumWarpgroups][kRows];       // each warpgroup's final running max per column
+  int key_limit[kMathWgs * 4][kRows];        // per math warp: each column's mask limit (StContext)
   uint64_t q_full;
   uint64_t kv_full[kStages * kSubTiles];
   uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
@@ -171,14 +176,18 @@ struct SharedStorageStFp8 {
   static constexpr int kRowsPerCta = kRows;
   static constexpr int kRing = kStagesStFp8;
   static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
-  static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
-  static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  static constexpr int kMathWgs = kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
+  static constexpr uint32_t kProducerRegsUsed = kMathWgs == 3 ? kProducerRegsSt3 : kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = kMathWgs == 3 ? kMathRegsSt3 : kMathRegsSt;
+  static_assert(regs_fit(kProducerRegsUsed, kMathRegsUsed, kMathWgs), "register file");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) uint8_t kv[kRing][kSubTiles][kBlockN * kSubTileCols];
-  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];
+  alignas(1024) Element pt[kMathWgs][kRows * kBlockN];
   alignas(16) float o_x[kRows * kOxStride];
-  float col_stat[kNumWarpgroups][4][kRows];
-  float wg_max[kNumWarpgroups][kRows];
+  float col_stat[kMathWgs][4][kRows];
+  float wg_max[kMathWgs][kRows];
+  int key_limit[kMathWgs * 4][kRows];
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
