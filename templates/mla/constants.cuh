@@ -38,7 +38,8 @@
 #define MLA_PDL 1
 #endif
 
-// MLA_FP8_ST_WGS (3 on branch next/st-fp8-3wg, 2 = main): math warpgroups of the transposed fp8
+// MLA_FP8_ST_WGS (3 on branch next/st-fp8-3wg; 2 = main's warpgroups and wgmma batches, with the
+// branch's shared helpers): math warpgroups of the transposed fp8
 // register path. ncu (perf-notes, v3.7) found its two math warps per scheduler stalled on their own
 // load -> convert -> wgmma chains with the SM issuing on half its cycles; a third warpgroup owning
 // whole tiles gives each scheduler three such warps (512 threads: 128 registers each at launch,
@@ -63,7 +64,7 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
-constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (two per math warpgroup)
+constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (tile t in stage t % 4)
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S
@@ -77,10 +78,10 @@ constexpr int kProducerRegsSt = 56;
 constexpr int kMathRegsSt = 224;
 constexpr int kStMathWgsFp8 = MLA_FP8_ST_WGS;  // math warpgroups of the transposed fp8 path (2 or 3)
 static_assert(kStMathWgsFp8 == 2 || kStMathWgsFp8 == 3, "MLA_FP8_ST_WGS: 2 or 3");
-// Three math warpgroups (512 threads): the producer keeps 32 registers so that the math warpgroups get
-// 160 (152 spilled hoisted addresses).
+// Three math warpgroups (512 threads, 128 registers each at launch): the producer keeps 56 and the math
+// warpgroups get 152 (32 / 160 spilled in the producer of the page-1 split variants).
 constexpr int kProducerRegsSt3 = 56;
-constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 160
+constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 152
 constexpr int kProducerRegsFp8 = 80;  // fp8 producer (copy + widen warps): 48 spilled; widening slot pairs needs 80
 constexpr int kMathRegsFp8 = 208;
 

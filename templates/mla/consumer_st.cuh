@@ -9,7 +9,9 @@
 //   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows] (A = the same stage read MN-major; B = P^T)
 // so the tensor work per tile scales with kRows instead of 64.
 //
-// Ownership: tile t lives in stage t % 2 and belongs wholly to math warpgroup t % 2, which computes
+// Ownership (two math warpgroups; the fp8 register path may run three, Storage::kMathWgs, and then
+// rotates tile t through stage t % 4): tile t lives in stage t % 2 and belongs wholly to math
+// warpgroup t % 2, which computes
 // its S^T, its softmax and O^T += V^T P^T over all 512 latent rows. Each warpgroup keeps its own
 // running max, row sums and O^T (512 x 16 fp32 over 128 threads = 64 registers); there is no hand-off
 // inside the loop, so each stage's slots are read by that warpgroup's 4 warps only (kv_empty expects
@@ -44,7 +46,7 @@ using namespace cute;
 // the fp8 register path's producer barrier, producer.cuh kBarProducer).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-// Every slot of stage w is read by warpgroup w's four warps only.
+// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
 
 // Column index c (0 .. kRows / 4 - 1) and query row n of accumulator element i.
@@ -66,6 +68,8 @@ struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
   int kv_begin;
   int num_tiles;           // kBlockN-token tiles in the split (> 0)
+  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); with three
+                           // math warpgroups unused: Storage::key_limit holds them, to spare registers
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, warp, lane;
 };
@@ -92,9 +96,13 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
   for (int e = 0; e < size(tSrS); ++e) {
     const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
     const int j = st_col_index(e);
-    // Storage::key_limit[math warp][n]: keys >= it are masked for query row n (split end, causal); in
-    // shared memory to spare registers (the kernel writes it).
-    const float v = key < s.key_limit[4 * wg + c.warp][st_col(e, c.lane)] ? tSrS(e) * c.score_scale : -INFINITY;
+    int limit;
+    if constexpr (Storage::kMathWgs == 3) {
+      limit = s.key_limit[4 * wg + c.warp][st_col(e, c.lane)];  // this warp's row, written by the kernel
+    } else {
+      limit = c.key_limit[j];
+    }
+    const float v = key < limit ? tSrS(e) * c.score_scale : -INFINITY;
     tSrS(e) = v;
     cmax[j] = fmaxf(cmax[j], v);
   }

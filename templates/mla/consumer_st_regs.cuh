@@ -60,8 +60,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
   }
 }
 
-// The warpgroup's loop over its tiles t = wg, wg + 2, ...: tile t in stage t % 4. Same contract as
-// consume_st, with O^T's rows in st_regs_dim order.
+// The warpgroup's loop over its tiles t = wg, wg + kMathWgs, ...: tile t in stage t % 4. Same contract
+// as consume_st, with O^T's rows in st_regs_dim order. With three math warpgroups (152 registers per
+// thread) the K and V^T fragments are converted and issued in smaller wgmma batches (kKBatches,
+// kVBatches); with two the batches are main's (a slot's 4 k-steps; a k-step's 8 atoms).
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRows>& c, FragO& tOrO,
                                                 float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
@@ -75,7 +77,11 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   auto thr_s = mma_s.get_thread_slice(c.tid_wg);
   auto thr_o = mma_o.get_thread_slice(c.tid_wg);
   const int wg = c.wg;
-  if (wg >= c.num_tiles) return;  // a single tile: warpgroup 1 has nothing (warp-uniform)
+  if (wg >= c.num_tiles) return;  // fewer tiles than warpgroups: this one has nothing (warp-uniform)
+  constexpr int kKBatches = Storage::kMathWgs == 3 ? 2 : 1;  // S^T batches per 64-value slot
+  constexpr int kKSteps = 4 / kKBatches;                      // k-steps (wgmma) per batch
+  constexpr int kVBatches = Storage::kMathWgs == 3 ? 4 : 1;  // O^T batches per 16-token k-step
+  constexpr int kWords = 4 / kVBatches;                       // words x (2 atoms each) per batch
 
   Element* pt = s.pt[wg];
   // Shared-memory descriptors of the B operands, one per k-step (the SS atoms' partitions give them).
@@ -105,12 +111,12 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     uint64_t* full = &s.kv_full[stage * kSubTiles];
     uint64_t* empty = &s.kv_empty[stage * kSubTiles];
 
-    // ---- S^T: per 64-value slot two 16-byte loads, 4 k-steps issued as two batches of 2; the
-    // conversion of one batch overlaps the wgmma of the previous one (two register buffers of 2 atoms,
-    // at most one batch in flight when one is refilled; 16 registers, for the 152 of three warpgroups).
+    // ---- S^T: per 64-value slot two 16-byte loads, 4 k-steps in kKBatches batches; the conversion of
+    // one batch overlaps the wgmma of the previous one (two register buffers, at most one batch in
+    // flight when one is refilled).
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
     fence_fragment(tSrS);
-    uint32_t ak[2][2][4];
+    uint32_t ak[2][kKSteps][4];
     CUTE_UNROLL
     for (int sub = 0; sub < kSubTiles; ++sub) {
       wait_barrier(&full[sub], parity);
@@ -118,11 +124,11 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
       const uint4 r0 = lds128(slot + k_off);
       const uint4 r1 = lds128(slot + k_off + 8 * kSubTileCols);  // row + 8 keeps (row >> 1) & 3
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {  // k-steps j = 2h, 2h + 1 of the slot
-        uint32_t (&a)[2][4] = ak[h];
+      for (int h = 0; h < kKBatches; ++h) {  // k-steps j = kKSteps h .. kKSteps h + kKSteps - 1 of the slot
+        uint32_t (&a)[kKSteps][4] = ak[(sub * kKBatches + h) & 1];
         CUTE_UNROLL
-        for (int jj = 0; jj < 2; ++jj) {
-          const int j = 2 * h + jj;
+        for (int jj = 0; jj < kKSteps; ++jj) {
+          const int j = kKSteps * h + jj;
           const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
           a[jj][0] = lo.x;  // row g,     columns 2t, 2t+1
           a[jj][1] = hi.x;  // row g + 8, columns 2t, 2t+1
@@ -136,8 +142,8 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
         fence_regs(a);
         warpgroup_arrive();
         CUTE_UNROLL
-        for (int jj = 0; jj < 2; ++jj) {
-          const int j = 2 * h + jj;
+        for (int jj = 0; jj < kKSteps; ++jj) {
+          const int j = kKSteps * h + jj;
           wgmma_rs<kRows>(a[jj], uint64_t(tSrQ(0, 0, 4 * sub + j)), [&](int e) -> float& { return tSrS(e); },
                           sub == 0 && j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
         }
@@ -152,11 +158,8 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     fence_proxy_async_shared();  // P^T stores -> wgmma reads
     warpgroup_barrier(kBarStWg + wg);
 
-    // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows, issued as
-    // kVBatches batches so that the double-buffered fragments take 64 / kVBatches x 2 registers (with
-    // three math warpgroups a math thread has 152).
-    constexpr int kVBatches = Storage::kMathWgs == 3 ? 4 : 2;  // 2 or 4 atoms (1 or 2 words x) each
-    constexpr int kWords = 4 / kVBatches;
+    // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows, in kVBatches
+    // batches (two fragment buffers of 32 / kVBatches x 2 registers each).
     fence_fragment(tOrO);
     uint32_t av[2][2 * kWords][4];
     const uint8_t* vbase = s.kv[stage][v_slot];
@@ -170,7 +173,7 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
       const uint4 v3 = lds128(vk + v_off[1] + 8 * kSubTileCols);  // st_token(kk + 9)
       CUTE_UNROLL
       for (int h = 0; h < kVBatches; ++h) {  // words x = kWords h .. kWords h + kWords - 1
-        uint32_t (&a)[2 * kWords][4] = av[h & 1];
+        uint32_t (&a)[2 * kWords][4] = av[(k * kVBatches + h) & 1];
         CUTE_UNROLL
         for (int xx = 0; xx < kWords; ++xx) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
           const int x = kWords * h + xx;

@@ -26,7 +26,9 @@
 // (store_rows_st). For bf16 / fp16 the producer and the KV ring are the same (cp.async only, no TMA);
 // only Q's row count differs. fp8 caches there keep raw e4m3 bytes in a 4-stage ring and the math
 // warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
-// budgets on this path: 56 (producer) / 224 (math).
+// budgets on this path: 56 (producer) / 224 (math); the fp8 variants there run three math warpgroups
+// (MLA_FP8_ST_WGS, 512 threads, 56 / 152), tile t owned by warpgroup t % 3, their three partial
+// softmaxes merged the same way.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
@@ -323,11 +325,16 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     ctx.warp = tid_wg / 32;
     ctx.lane = lane;
     float m_run[kRows / 4], l_run[kRows / 4];
-    int* key_limit = s.key_limit[tid / 32];  // this warp's copy (st_softmax_to_pt): lanes 0-3 write all kRows columns
     CUTE_UNROLL
     for (int j = 0; j < kRows / 4; ++j) {
       const int qi = (m_block * kRows + st_col_of_index(j, lane)) / NUM_HEADS;
-      if (lane < 4) key_limit[st_col_of_index(j, lane)] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      const int limit = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      if constexpr (Storage::kMathWgs == 3) {
+        // This warp's row of s.key_limit (st_softmax_to_pt): lanes 0-3 write all kRows columns.
+        if (lane < 4) s.key_limit[tid / 32][st_col_of_index(j, lane)] = limit;
+      } else {
+        ctx.key_limit[j] = limit;
+      }
       m_run[j] = -INFINITY;
       l_run[j] = 0.f;
     }

@@ -148,7 +148,6 @@ struct SharedStorageSt {
   alignas(16) float o_x[kRows * kOxStride];                   // merged O (row n at n * kOxStride)
   float col_stat[kNumWarpgroups][4][kRows];  // per warp of a warpgroup: column max (loop), sum (end)
   float wg_max[kNumWarpgroups][kRows];       // each warpgroup's final running max per column
-  int key_limit[kMathWgs * 4][kRows];        // per math warp: each column's mask limit (StContext)
   uint64_t q_full;
   uint64_t kv_full[kStages * kSubTiles];
   uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
@@ -156,7 +155,8 @@ struct SharedStorageSt {
 
 // Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
 // bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
-// four stages, stage t % 4 for tile t, so each math warpgroup alternates between two of them. Q is
+// four stages, stage t % 4 for tile t (with two math warpgroups each alternates between two of them;
+// with three, Storage::kMathWgs, the stages rotate among them). Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
 // (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
@@ -187,7 +187,7 @@ struct SharedStorageStFp8 {
   alignas(16) float o_x[kRows * kOxStride];
   float col_stat[kMathWgs][4][kRows];
   float wg_max[kMathWgs][kRows];
-  int key_limit[kMathWgs * 4][kRows];
+  int key_limit[kMathWgs * 4][kRows];  // three warpgroups: per math warp, each column's mask limit
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
