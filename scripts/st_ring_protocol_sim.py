@@ -9,6 +9,14 @@ barrier's current phase parity differs from p. Random interleavings check that n
 (a consumer reading another tile's data, a producer overwriting an unreleased stage) and that nothing
 hangs, for 0..19 tiles and W = 2, 3.
 
+The in-order landing is what the three-warpgroup mapping relies on: with W = 3 a warpgroup's next tile
+t sits in a stage whose previous fill (tile t - 4) belongs to another warpgroup, and only the order of
+the fills tells it that this fill has landed (its own previous tile t - 3 landed after it). With
+fills landing in random order the check fails for W = 3 (a consumer passes on a stage two fills
+behind); with W = 2 each warpgroup owns its stages and order does not matter. The hardware basis: a
+cp.async.mbarrier.arrive.noinc fires once all of the thread's earlier cp.async copies are complete, so
+a thread's arrival for tile t + 1 cannot precede its arrival for tile t.
+
     python3 scripts/st_ring_protocol_sim.py
 """
 import random
