@@ -22,6 +22,8 @@ for tq in range(4):
                 want = raw_offset(st_token(16*k + 2*tq + off), g % 4)
                 got = raw_offset(v_row[r], g % 4) + 1024*k
                 bad += want != got
+        for r in (0, 1):  # consume_st_regs keeps v_off[0..1] only: rows v_row[r] + 8 are + 512 bytes
+            bad += raw_offset(v_row[r + 2], g % 4) != raw_offset(v_row[r], g % 4) + 512
     for tok0 in range(64):
         bad += raw_offset(tok0 + 8, tq) != raw_offset(tok0, tq) + 512 if tok0 + 8 < 64 else 0
 print("offset mismatches:", bad)

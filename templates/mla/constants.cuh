@@ -38,6 +38,16 @@
 #define MLA_PDL 1
 #endif
 
+// MLA_FP8_ST_WGS (3 on branch next/st-fp8-3wg; 2 = main's warpgroups and wgmma batches, with the
+// branch's shared helpers): math warpgroups of the transposed fp8
+// register path. ncu (perf-notes, v3.7) found its two math warps per scheduler stalled on their own
+// load -> convert -> wgmma chains with the SM issuing on half its cycles; a third warpgroup owning
+// whole tiles gives each scheduler three such warps (512 threads: 128 registers each at launch,
+// setmaxnreg 56 for the producer and 152 for the math warpgroups).
+#ifndef MLA_FP8_ST_WGS
+#define MLA_FP8_ST_WGS 3
+#endif
+
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
 #ifndef MLA_FP8_S_FIRST
@@ -54,7 +64,7 @@ constexpr int kHeadDimV = kKvLoraRank;             // 512
 constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) per CTA
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
-constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (two per math warpgroup)
+constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (tile t in stage t % 4)
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S
@@ -66,6 +76,12 @@ constexpr int kMathRegs = 232;
 // thread), and the 40-register producer spilled 4 bytes in the 8-row variants; same total as above.
 constexpr int kProducerRegsSt = 56;
 constexpr int kMathRegsSt = 224;
+constexpr int kStMathWgsFp8 = MLA_FP8_ST_WGS;  // math warpgroups of the transposed fp8 path (2 or 3)
+static_assert(kStMathWgsFp8 == 2 || kStMathWgsFp8 == 3, "MLA_FP8_ST_WGS: 2 or 3");
+// Three math warpgroups (512 threads, 128 registers each at launch): the producer keeps 56 and the math
+// warpgroups get 152 (32 / 160 spilled in the producer of the page-1 split variants).
+constexpr int kProducerRegsSt3 = 56;
+constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 152
 constexpr int kProducerRegsFp8 = 80;  // fp8 producer (copy + widen warps): 48 spilled; widening slot pairs needs 80
 constexpr int kMathRegsFp8 = 208;
 
@@ -96,5 +112,10 @@ static_assert(kProducerRegsSt * kProducerThreads + kMathRegsSt * 128 * kNumWarpg
               "register file");
 static_assert(kProducerRegsFp8 * kProducerThreads + kMathRegsFp8 * 128 * kNumWarpgroups <= kLaunchRegs * kNumThreads,
               "register file");
+// The same rule for a CTA of kProducerThreads + 128 * math_wgs threads (the storages' budgets).
+constexpr bool regs_fit(int producer_regs, int math_regs, int math_wgs) {
+  return producer_regs * kProducerThreads + math_regs * 128 * math_wgs <=
+         65536 / (kProducerThreads + 128 * math_wgs) / 8 * 8 * (kProducerThreads + 128 * math_wgs);
+}
 
 }  // namespace mla

@@ -9,7 +9,9 @@
 //   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows] (A = the same stage read MN-major; B = P^T)
 // so the tensor work per tile scales with kRows instead of 64.
 //
-// Ownership: tile t lives in stage t % 2 and belongs wholly to math warpgroup t % 2, which computes
+// Ownership (two math warpgroups; the fp8 register path may run three, Storage::kMathWgs, and then
+// rotates tile t through stage t % 4): tile t lives in stage t % 2 and belongs wholly to math
+// warpgroup t % 2, which computes
 // its S^T, its softmax and O^T += V^T P^T over all 512 latent rows. Each warpgroup keeps its own
 // running max, row sums and O^T (512 x 16 fp32 over 128 threads = 64 registers); there is no hand-off
 // inside the loop, so each stage's slots are read by that warpgroup's 4 warps only (kv_empty expects
@@ -42,9 +44,9 @@ using namespace cute;
 
 // Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's, 13
 // the fp8 register path's producer barrier, producer.cuh kBarProducer).
-constexpr int kBarStWg = 9;      // + wg: the 128 threads of one math warpgroup (column max, P^T ready)
-constexpr int kBarStMerge = 11;  // both warpgroups: statistics and O exchange at the end
-// Every slot of stage w is read by warpgroup w's four warps only.
+constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
+constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
+// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
 
 // Column index c (0 .. kRows / 4 - 1) and query row n of accumulator element i.
@@ -66,7 +68,8 @@ struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
   int kv_begin;
   int num_tiles;           // kBlockN-token tiles in the split (> 0)
-  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal)
+  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); with three
+                           // math warpgroups unused: Storage::key_limit holds them, to spare registers
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, warp, lane;
 };
@@ -93,7 +96,13 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
   for (int e = 0; e < size(tSrS); ++e) {
     const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
     const int j = st_col_index(e);
-    const float v = key < c.key_limit[j] ? tSrS(e) * c.score_scale : -INFINITY;
+    int limit;
+    if constexpr (Storage::kMathWgs == 3) {
+      limit = s.key_limit[4 * wg + c.warp][st_col(e, c.lane)];  // this warp's row, written by the kernel
+    } else {
+      limit = c.key_limit[j];
+    }
+    const float v = key < limit ? tSrS(e) * c.score_scale : -INFINITY;
     tSrS(e) = v;
     cmax[j] = fmaxf(cmax[j], v);
   }
@@ -220,9 +229,10 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
 template <class Storage>
 constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
 
-// Merges the two warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
+// Merges the math warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
-// all 256 math threads, also when the split has no tile (then everything is 0 and -inf).
+// all math threads, also when the split has no tile (then everything is 0 and -inf). Warpgroup 0
+// writes o_x, the others add theirs in turn.
 // On the fp8 register path (Storage::kRegWiden) O^T's rows are in consume_st_regs' order (latent
 // value st_regs_dim), else in order.
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
@@ -242,12 +252,14 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
       if (c.warp == 0) s.wg_max[wg][n] = m_run[j];
     }
   }
-  math_barrier(kBarStMerge);
+  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
   float f[kCols];  // this warpgroup's factor per column
   CUTE_UNROLL
   for (int j = 0; j < kCols; ++j) {
     const int n = st_col_of_index(j, c.lane);
-    const float m = fmaxf(s.wg_max[0][n], s.wg_max[1][n]);
+    float m = s.wg_max[0][n];
+    CUTE_UNROLL
+    for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
     f[j] = exp2f(m_run[j] - (m == -INFINITY ? 0.f : m));
   }
   // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1)
@@ -279,8 +291,11 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
       }
     };
     if (wg == 0) merge_v4(false);
-    math_barrier(kBarStMerge);
-    if (wg == 1) merge_v4(true);
+    CUTE_UNROLL
+    for (int w = 1; w < Storage::kMathWgs; ++w) {
+      math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
+      if (wg == w) merge_v4(true);
+    }
   } else {
     if (wg == 0) {
       CUTE_UNROLL
@@ -289,27 +304,31 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
         for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) = tOrO(e, m, 0) * f[st_col_index(e)];
       }
     }
-    math_barrier(kBarStMerge);
-    if (wg == 1) {
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(tOrO); ++m) {
+    CUTE_UNROLL
+    for (int w = 1; w < Storage::kMathWgs; ++w) {
+      math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
+      if (wg == w) {
         CUTE_UNROLL
-        for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) += tOrO(e, m, 0) * f[st_col_index(e)];
+        for (int m = 0; m < size<1>(tOrO); ++m) {
+          CUTE_UNROLL
+          for (int e = 0; e < size<0>(tOrO); ++e) o_x(e, m) += tOrO(e, m, 0) * f[st_col_index(e)];
+        }
       }
     }
   }
-  math_barrier(kBarStMerge);
+  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
 }
 
 // Final max and row sum of query row n after merge_st: m (-inf for a row that saw no key) and l.
 template <class Storage>
 __device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
-  const float m0 = s.wg_max[0][n], m1 = s.wg_max[1][n];
-  m = fmaxf(m0, m1);
+  m = s.wg_max[0][n];
+  CUTE_UNROLL
+  for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
   const float m_sub = m == -INFINITY ? 0.f : m;
   l = 0.f;
   CUTE_UNROLL
-  for (int w = 0; w < kNumWarpgroups; ++w) {
+  for (int w = 0; w < Storage::kMathWgs; ++w) {
     const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
     l += lw * exp2f(s.wg_max[w][n] - m_sub);
   }

@@ -59,8 +59,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
   }
 }
 
-// The warpgroup's loop over its tiles t = wg, wg + 2, ...: tile t in stage t % 4. Same contract as
-// consume_st, with O^T's rows in st_regs_dim order.
+// The warpgroup's loop over its tiles t = wg, wg + kMathWgs, ...: tile t in stage t % 4. Same contract
+// as consume_st, with O^T's rows in st_regs_dim order. With three math warpgroups (152 registers per
+// thread) the K and V^T fragments are converted and issued in smaller wgmma batches (kKBatches,
+// kVBatches); with two the batches are main's (a slot's 4 k-steps; a k-step's 8 atoms).
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRows>& c, FragO& tOrO,
                                                 float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
@@ -74,7 +76,11 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   auto thr_s = mma_s.get_thread_slice(c.tid_wg);
   auto thr_o = mma_o.get_thread_slice(c.tid_wg);
   const int wg = c.wg;
-  if (wg >= c.num_tiles) return;  // a single tile: warpgroup 1 has nothing (warp-uniform)
+  if (wg >= c.num_tiles) return;  // fewer tiles than warpgroups: this one has nothing (warp-uniform)
+  constexpr int kKBatches = Storage::kMathWgs == 3 ? 2 : 1;  // S^T batches per 64-value slot
+  constexpr int kKSteps = 4 / kKBatches;                      // k-steps (wgmma) per batch
+  constexpr int kVBatches = Storage::kMathWgs == 3 ? 4 : 1;  // O^T batches per 16-token k-step
+  constexpr int kWords = 4 / kVBatches;                       // words x (2 atoms each) per batch
 
   Element* pt = s.pt[wg];
   // Shared-memory descriptors of the B operands, one per k-step (the SS atoms' partitions give them).
@@ -89,52 +95,60 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   // swizzle term (row >> 1) & 3 is the same for both K rows, and t for every V^T row of this thread).
   // K: rows tok0 and tok0 + 8. V^T, k-step k: rows st_token(16 k + 2t + {0, 1, 8, 9}) = 16 k + v_row[i].
   const int k_off = raw_offset(tok0, tq);
-  const int v_row[4] = {2 * tq + (tq & 1), 2 * tq + 1 - (tq & 1), 8 + 2 * tq + (tq & 1), 9 + 2 * tq - (tq & 1)};
-  int v_off[4];
-  CUTE_UNROLL
-  for (int r = 0; r < 4; ++r) v_off[r] = raw_offset(v_row[r], v_chunk);  // + 16 k rows: + 1024 k bytes
+  // Rows v_row[2], v_row[3] are v_row[0], v_row[1] + 8 (same swizzle term): their offsets are + 512.
+  const int v_row[2] = {2 * tq + (tq & 1), 2 * tq + 1 - (tq & 1)};
+  const int v_off[2] = {raw_offset(v_row[0], v_chunk), raw_offset(v_row[1], v_chunk)};  // + 16 k rows: + 1024 k bytes
 
   wait_barrier(&s.q_full, 0);
-  int i = 0;
-  for (int t = wg; t < c.num_tiles; t += kNumWarpgroups, ++i) {
-    const int stage = wg + kNumWarpgroups * (i & 1);
-    const int parity = (i >> 1) & 1;
+  for (int t = wg; t < c.num_tiles; t += Storage::kMathWgs) {
+    // Tile t in stage t % kRing, the (t / kRing)-th fill of that stage (as the producer counts). With
+    // two warpgroups a warpgroup alternates between two stages; with three, the stages rotate. Waiting
+    // on parity (t / kRing) & 1 is safe because the fill of tile t - kRing completed before this
+    // warpgroup's previous tile t - kMathWgs (each producer thread's arrivals track all its earlier copies).
+    const int stage = t % Storage::kRing;
+    const int parity = (t / Storage::kRing) & 1;
     uint64_t* full = &s.kv_full[stage * kSubTiles];
     uint64_t* empty = &s.kv_empty[stage * kSubTiles];
 
-    // ---- S^T: per 64-value slot two 16-byte loads, 4 k-steps; the conversion of slot c + 1 overlaps
-    // the wgmma of slot c (two register buffers, at most one batch in flight when one is refilled).
+    // ---- S^T: per 64-value slot two 16-byte loads, 4 k-steps in kKBatches batches; the conversion of
+    // one batch overlaps the wgmma of the previous one (two register buffers, at most one batch in
+    // flight when one is refilled).
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
     fence_fragment(tSrS);
-    uint32_t ak[2][4][4];
+    uint32_t ak[2][kKSteps][4];
     CUTE_UNROLL
     for (int sub = 0; sub < kSubTiles; ++sub) {
       wait_barrier(&full[sub], parity);
       const uint8_t* slot = s.kv[stage][sub];
       const uint4 r0 = lds128(slot + k_off);
       const uint4 r1 = lds128(slot + k_off + 8 * kSubTileCols);  // row + 8 keeps (row >> 1) & 3
-      uint32_t (&a)[4][4] = ak[sub & 1];
       CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
-        a[j][0] = lo.x;  // row g,     columns 2t, 2t+1
-        a[j][1] = hi.x;  // row g + 8, columns 2t, 2t+1
-        a[j][2] = lo.y;  // row g,     columns 2t+8, 2t+9
-        a[j][3] = hi.y;  // row g + 8, columns 2t+8, 2t+9
+      for (int h = 0; h < kKBatches; ++h) {  // k-steps j = kKSteps h .. kKSteps h + kKSteps - 1 of the slot
+        uint32_t (&a)[kKSteps][4] = ak[(sub * kKBatches + h) & 1];
+        CUTE_UNROLL
+        for (int jj = 0; jj < kKSteps; ++jj) {
+          const int j = kKSteps * h + jj;
+          const uint2 lo = e4m3x4_to_f16x4(word(r0, j)), hi = e4m3x4_to_f16x4(word(r1, j));
+          a[jj][0] = lo.x;  // row g,     columns 2t, 2t+1
+          a[jj][1] = hi.x;  // row g + 8, columns 2t, 2t+1
+          a[jj][2] = lo.y;  // row g,     columns 2t+8, 2t+9
+          a[jj][3] = hi.y;  // row g + 8, columns 2t+8, 2t+9
+        }
+        if (sub == kSubTiles - 1 && h == 0) {  // the RoPE slot: read by S^T only (the conversions above
+          __syncwarp();                        // used both 16-byte loads: every lane's loads are done)
+          release(empty + sub, 1, c.lane);
+        }
+        fence_regs(a);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int jj = 0; jj < kKSteps; ++jj) {
+          const int j = kKSteps * h + jj;
+          wgmma_rs<kRows>(a[jj], uint64_t(tSrQ(0, 0, 4 * sub + j)), [&](int e) -> float& { return tSrS(e); },
+                          sub == 0 && j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();
       }
-      if (sub == kSubTiles - 1) {  // the RoPE slot: read by S^T only (every lane's loads before lane 0 arrives)
-        __syncwarp();
-        release(empty + sub, 1, c.lane);
-      }
-      fence_regs(a);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        wgmma_rs<kRows>(a[j], uint64_t(tSrQ(0, 0, 4 * sub + j)), [&](int e) -> float& { return tSrS(e); },
-                        sub == 0 && j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();
     }
     warpgroup_wait<0>();
     fence_fragment(tSrS);
@@ -143,48 +157,53 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
     fence_proxy_async_shared();  // P^T stores -> wgmma reads
     warpgroup_barrier(kBarStWg + wg);
 
-    // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows.
+    // ---- O^T += V^T P^T: per k-step (16 tokens) 4 loads, 8 atoms of 64 latent rows, in kVBatches
+    // batches (two fragment buffers of 32 / kVBatches x 2 registers each).
     fence_fragment(tOrO);
-    uint32_t av[2][8][4];
+    uint32_t av[2][2 * kWords][4];
     const uint8_t* vbase = s.kv[stage][v_slot];
     CUTE_UNROLL
     for (int k = 0; k < kBlockN / 16; ++k) {
       // k indices kk, kk + 1, kk + 8, kk + 9 of P^T, kk = 16 k + 2t
       const uint8_t* vk = vbase + 16 * k * kSubTileCols;  // 16 rows further keep (row >> 1) & 3
-      const uint4 v0 = lds128(vk + v_off[0]);  // token st_token(kk)
-      const uint4 v1 = lds128(vk + v_off[1]);  // st_token(kk + 1)
-      const uint4 v2 = lds128(vk + v_off[2]);  // st_token(kk + 8)
-      const uint4 v3 = lds128(vk + v_off[3]);  // st_token(kk + 9)
-      uint32_t (&a)[8][4] = av[k & 1];
+      const uint4 v0 = lds128(vk + v_off[0]);                      // token st_token(kk)
+      const uint4 v1 = lds128(vk + v_off[1]);                      // st_token(kk + 1)
+      const uint4 v2 = lds128(vk + v_off[0] + 8 * kSubTileCols);  // st_token(kk + 8)
+      const uint4 v3 = lds128(vk + v_off[1] + 8 * kSubTileCols);  // st_token(kk + 9)
       CUTE_UNROLL
-      for (int x = 0; x < 4; ++x) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
-        const uint32_t w0 = word(v0, x), w1 = word(v1, x), w2 = word(v2, x), w3 = word(v3, x);
-        const uint2 p01a = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
-        const uint2 p23a = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x5140));
-        const uint2 p01b = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
-        const uint2 p23b = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x7362));
-        a[2 * x][0] = p01a.x;      // row g (value 4x),       k 2t, 2t+1
-        a[2 * x][1] = p01a.y;      // row g + 8 (value 4x+1), k 2t, 2t+1
-        a[2 * x][2] = p23a.x;      // row g,                  k 2t+8, 2t+9
-        a[2 * x][3] = p23a.y;      // row g + 8,              k 2t+8, 2t+9
-        a[2 * x + 1][0] = p01b.x;  // atom 2x+1: values 4x+2 (row g) and 4x+3 (row g + 8)
-        a[2 * x + 1][1] = p01b.y;
-        a[2 * x + 1][2] = p23b.x;
-        a[2 * x + 1][3] = p23b.y;
+      for (int h = 0; h < kVBatches; ++h) {  // words x = kWords h .. kWords h + kWords - 1
+        uint32_t (&a)[2 * kWords][4] = av[(k * kVBatches + h) & 1];
+        CUTE_UNROLL
+        for (int xx = 0; xx < kWords; ++xx) {  // word x: latent values 4x .. 4x+3 of this thread's 16 = atoms 2x, 2x+1
+          const int x = kWords * h + xx;
+          const uint32_t w0 = word(v0, x), w1 = word(v1, x), w2 = word(v2, x), w3 = word(v3, x);
+          const uint2 p01a = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x5140));  // values 4x, 4x+1 of tokens kk, kk+1
+          const uint2 p23a = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x5140));
+          const uint2 p01b = e4m3x4_to_f16x4(__byte_perm(w0, w1, 0x7362));  // values 4x+2, 4x+3
+          const uint2 p23b = e4m3x4_to_f16x4(__byte_perm(w2, w3, 0x7362));
+          a[2 * xx][0] = p01a.x;      // row g (value 4x),       k 2t, 2t+1
+          a[2 * xx][1] = p01a.y;      // row g + 8 (value 4x+1), k 2t, 2t+1
+          a[2 * xx][2] = p23a.x;      // row g,                  k 2t+8, 2t+9
+          a[2 * xx][3] = p23a.y;      // row g + 8,              k 2t+8, 2t+9
+          a[2 * xx + 1][0] = p01b.x;  // atom 2x+1: values 4x+2 (row g) and 4x+3 (row g + 8)
+          a[2 * xx + 1][1] = p01b.y;
+          a[2 * xx + 1][2] = p23b.x;
+          a[2 * xx + 1][3] = p23b.y;
+        }
+        if (k == kBlockN / 16 - 1 && h == 0) {  // every raw byte of K and V this warp needs is in registers
+          __syncwarp();                          // (the conversions above used all four 16-byte loads)
+          release(empty, kSubTiles - 1, c.lane);
+        }
+        fence_regs(a);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int m = 0; m < 2 * kWords; ++m) {
+          wgmma_rs<kRows>(a[m], uint64_t(tOrP(0, 0, k)),
+                          [&](int e) -> float& { return tOrO(e, 2 * kWords * h + m, 0); }, GMMA::ScaleOut::One);
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();
       }
-      if (k == kBlockN / 16 - 1) {  // every raw byte of K and V this warp needs is in registers
-        __syncwarp();
-        release(empty, kSubTiles - 1, c.lane);
-      }
-      fence_regs(a);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int m = 0; m < 8; ++m) {
-        wgmma_rs<kRows>(a[m], uint64_t(tOrP(0, 0, k)), [&](int e) -> float& { return tOrO(e, m, 0); },
-                        GMMA::ScaleOut::One);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();
     }
     warpgroup_wait<0>();
     fence_fragment(tOrO);

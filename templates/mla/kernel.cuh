@@ -26,7 +26,9 @@
 // (store_rows_st). For bf16 / fp16 the producer and the KV ring are the same (cp.async only, no TMA);
 // only Q's row count differs. fp8 caches there keep raw e4m3 bytes in a 4-stage ring and the math
 // warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
-// budgets on this path: 56 (producer) / 224 (math).
+// budgets on this path: 56 (producer) / 224 (math); the fp8 variants there run three math warpgroups
+// (MLA_FP8_ST_WGS, 512 threads, 56 / 152), tile t owned by warpgroup t % 3, their three partial
+// softmaxes merged the same way.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
@@ -132,7 +134,7 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
 }
 
 // Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
-// the merged max). All 256 math threads store the real rows, 64 threads per row, 8 consecutive values
+// the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values
 // each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
 // workspace row store_rows uses. Same conventions as store_rows: a row that saw no key gets out 0 and
 // lse -inf, a request with a bad seq_len NaN.
@@ -142,13 +144,13 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kValsPerThread = 8;
   constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;        // 64
-  constexpr int kRowsPerPass = 128 * kNumWarpgroups / kThreadsPerOutRow;  // 4
-  static_assert(kRows % kRowsPerPass == 0, "row block");
+  constexpr int kRowsPerPass = 128 * Storage::kMathWgs / kThreadsPerOutRow;  // 4 (6 with 3 warpgroups)
   const MlaDecodeArgs& a = p.a;
   const int d0 = (tid % kThreadsPerOutRow) * kValsPerThread;
   CUTE_UNROLL
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
     const int n = pass * kRowsPerPass + tid / kThreadsPerOutRow;
+    if (kRows % kRowsPerPass != 0 && n >= kRows) continue;
     const int grow = m_block * kRows + n;
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
@@ -199,11 +201,39 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// The work of a CTA: request b, query-row block m_block, split `split` and its keys [kv_begin, kv_end)
+// in num_tiles tiles. A seq_len that block_table cannot address (or a negative one) is never read past
+// the table: the request's rows get NaN (bad_len), so the bad input cannot pass for an answer. The
+// block indices are read with volatile moves, so each caller (producer, math warpgroups) computes its
+// own copy instead of the compiler keeping one live across the roles' setmaxnreg.
+struct CtaWork {
+  int b, m_block, split, seq_len, kv_begin, kv_end, num_tiles;
+  bool bad_len;
+};
+template <int PAGE_SIZE>
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
+  const MlaDecodeArgs& a = p.a;
+  uint32_t cx, cy;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(cy));
+  CtaWork w;
+  w.m_block = int(cx) % p.num_m_blocks;
+  w.b = int(cx) / p.num_m_blocks;
+  w.split = int(cy);
+  const int raw_len = a.seq_lens[w.b];
+  w.bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
+  w.seq_len = w.bad_len ? 0 : raw_len;
+  split_range(w.seq_len, a.num_kv_splits, w.split, w.kv_begin, w.kv_end);
+  w.num_tiles = tiles_of(w.kv_end - w.kv_begin);
+  return w;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
 
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
-__global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
+    mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
@@ -216,18 +246,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
   Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
-  const int m_block = blockIdx.x % p.num_m_blocks;
-  const int b = blockIdx.x / p.num_m_blocks;
-  const int split = blockIdx.y;
-
-  // Keys of this request. A seq_len that block_table cannot address (or a negative one) is never
-  // read past the table: the request's rows get NaN, so the bad input cannot pass for an answer.
-  const int raw_len = a.seq_lens[b];
-  const bool bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
-  const int seq_len = bad_len ? 0 : raw_len;
-  int kv_begin, kv_end;
-  split_range(seq_len, a.num_kv_splits, split, kv_begin, kv_end);
-  const int num_tiles = tiles_of(kv_end - kv_begin);
+  // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
+  // their own after setmaxnreg, so that nothing computed here stays live into their region).
+  const CtaWork w0 = cta_work<PAGE_SIZE>(p);
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
@@ -250,6 +271,7 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
+    const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
     if (num_tiles > 0) {
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
@@ -268,6 +290,10 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Storage::kMathRegsUsed>();
+  const CtaWork w = cta_work<PAGE_SIZE>(p);  // hides behind the wait for Q
+  const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
+            num_tiles = w.num_tiles;
+  const bool bad_len = w.bad_len;
 
   const int tid = threadIdx.x - kProducerThreads;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg
@@ -302,10 +328,17 @@ __global__ void __launch_bounds__(kNumThreads, 1) mla_decode_kernel(const __grid
     CUTE_UNROLL
     for (int j = 0; j < kRows / 4; ++j) {
       const int qi = (m_block * kRows + st_col_of_index(j, lane)) / NUM_HEADS;
-      ctx.key_limit[j] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      const int limit = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      if constexpr (Storage::kMathWgs == 3) {
+        // This warp's row of s.key_limit (st_softmax_to_pt): lanes 0-3 write all kRows columns.
+        if (lane < 4) s.key_limit[tid / 32][st_col_of_index(j, lane)] = limit;
+      } else {
+        ctx.key_limit[j] = limit;
+      }
       m_run[j] = -INFINITY;
       l_run[j] = 0.f;
     }
+    __syncwarp();
     Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
     clear(tOrO);
     if (num_tiles > 0) {

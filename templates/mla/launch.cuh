@@ -135,7 +135,8 @@ int launch(const MlaDecodeArgs* args) {
   static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return int(err);
-  kernel<<<dim3(unsigned(grid_x), unsigned(a.num_kv_splits), 1), kNumThreads, smem_bytes, stream>>>(p);
+  kernel<<<dim3(unsigned(grid_x), unsigned(a.num_kv_splits), 1), KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes,
+           stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 

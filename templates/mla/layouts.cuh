@@ -93,6 +93,8 @@ struct SharedStorage {
   // fp8: raw row m of a slot sits at kRawSlotOffset + 64 m (the fp16 slot's upper half); its copies
   // arrive on raw_full (the widening warps then arrive on kv_full).
   static constexpr uint32_t kRawSlotOffset = kBlockN * kSubTileCols;
+  static constexpr int kMathWgs = kNumWarpgroups;
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   __device__ uint64_t* raw_landed(int slot) { return &raw_full[slot]; }
   __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return row * kSubTileCols + 16 * chunk; }
 };
@@ -137,6 +139,8 @@ struct SharedStorageSt {
   static constexpr bool kRegWiden = false;
   static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
   static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  static constexpr int kMathWgs = kNumWarpgroups;
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   static_assert(!Types::kFp8, "fp8 caches on the transposed path use SharedStorageStFp8");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
@@ -151,7 +155,8 @@ struct SharedStorageSt {
 
 // Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
 // bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
-// four stages, stage t % 4 for tile t, so each math warpgroup alternates between two of them. Q is
+// four stages, stage t % 4 for tile t (with two math warpgroups each alternates between two of them;
+// with three, Storage::kMathWgs, the stages rotate among them). Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
 // (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
@@ -171,14 +176,18 @@ struct SharedStorageStFp8 {
   static constexpr int kRowsPerCta = kRows;
   static constexpr int kRing = kStagesStFp8;
   static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
-  static constexpr uint32_t kProducerRegsUsed = kProducerRegsSt;
-  static constexpr uint32_t kMathRegsUsed = kMathRegsSt;
+  static constexpr int kMathWgs = kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
+  static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
+  static constexpr uint32_t kProducerRegsUsed = kMathWgs == 3 ? kProducerRegsSt3 : kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = kMathWgs == 3 ? kMathRegsSt3 : kMathRegsSt;
+  static_assert(regs_fit(kProducerRegsUsed, kMathRegsUsed, kMathWgs), "register file");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) uint8_t kv[kRing][kSubTiles][kBlockN * kSubTileCols];
-  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];
+  alignas(1024) Element pt[kMathWgs][kRows * kBlockN];
   alignas(16) float o_x[kRows * kOxStride];
-  float col_stat[kNumWarpgroups][4][kRows];
-  float wg_max[kNumWarpgroups][kRows];
+  float col_stat[kMathWgs][4][kRows];
+  float wg_max[kMathWgs][kRows];
+  int key_limit[kMathWgs * 4][kRows];  // three warpgroups: per math warp, each column's mask limit
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps

@@ -51,11 +51,13 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_prescaled(uint32_t v) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Barrier `id` (1..7) over the 256 math threads only; the producer never takes part. One side of a
+// Barrier `id` over the kMathThreads math threads only (256, or 384 with three math warpgroups); the
+// producer never takes part. One side of a
 // hand-over arrives (its shared-memory writes before the arrive are visible to the waiters), the
 // other waits with math_barrier.
+template <int kMathThreads = 128 * kNumWarpgroups>
 __device__ __forceinline__ void math_barrier(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kMathThreads) : "memory");
 }
 __device__ __forceinline__ void math_barrier_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
