@@ -374,8 +374,8 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
 
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
-// until the final merge (load_q_permuted), then every 16-byte chunk of the fp16 Q tile is assembled
-// from four bf16 pairs (st_q_dim), rounded to fp16 times kFp8QPrescale (convert_q_permuted).
+// until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
+// (st_q_dim) and rounded to fp16 times kFp8QPrescale.
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRows = Storage::kRowsPerCta;
@@ -383,14 +383,6 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   char* staging = reinterpret_cast<char*>(s.o_x);
   copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
                                 [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
-}
-
-// The second half of load_q_permuted: wait for Q's staged rows, convert them into s.q.
-template <class Storage>
-__device__ __forceinline__ void convert_q_permuted(Storage& s, int ptid) {
-  constexpr int kRows = Storage::kRowsPerCta;
-  constexpr int kRowBytes = kHeadDimK * 2;
-  const char* staging = reinterpret_cast<const char*>(s.o_x);
   cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
   constexpr int kChunks = kRows * kChunksPerRow;
@@ -416,7 +408,6 @@ __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs
   // before Q, with Q as its own cp.async group, measured no faster: perf-notes, seventh session.)
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
   load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-  convert_q_permuted(s, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
