@@ -7,7 +7,7 @@
 #   scripts/ab_bench.sh ab --filter "h*_p64_bf16*"  # on the device, with carry [".whl", "shared", "ab"]
 #
 # Environment: BENCH_ARGS (default: the page-64 anchors, checked), CUDAFLAGS_A / CUDAFLAGS_B (extra
-# nvcc flags per side, e.g. -DMLA_L2_PREFETCH=0), PYTEST_B (if set, pytest arguments to run B's own
+# nvcc flags per side, e.g. -DMLA_PDL=0), PYTEST_B (if set, pytest arguments to run B's own
 # tests against B's build, e.g. "-q -x tests/test_gpu_fp8.py"), OUT (where logs and JSON go), A_JSON (if
 # set to an existing file: A's results from an earlier run with the same filter and BENCH_ARGS; A is
 # then neither built nor benchmarked again, so several B configurations share one A).

@@ -9,9 +9,9 @@
 //   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows] (A = the same stage read MN-major; B = P^T)
 // so the tensor work per tile scales with kRows instead of 64.
 //
-// Ownership (two math warpgroups; the fp8 register path may run three, Storage::kMathWgs, and then
-// rotates tile t through stage t % 4): tile t lives in stage t % 2 and belongs wholly to math
-// warpgroup t % 2, which computes
+// Ownership (two math warpgroups; the fp8 register path runs three by default, Storage::kMathWgs,
+// and rotates tile t through stage t % 4 there): tile t lives in stage t % 2 and belongs wholly to
+// math warpgroup t % 2, which computes
 // its S^T, its softmax and O^T += V^T P^T over all 512 latent rows. Each warpgroup keeps its own
 // running max, row sums and O^T (512 x 16 fp32 over 128 threads = 64 registers); there is no hand-off
 // inside the loop, so each stage's slots are read by that warpgroup's 4 warps only (kv_empty expects

@@ -18,9 +18,9 @@
 //   atoms are 16 contiguous bytes of a token row; a k-step then needs 4 loads (tokens 2t, 2t+1, 2t+8,
 //   2t+9) and byte permutes pair two tokens per register. P^T is stored with tokens in the order
 //   st_token(k) = k ^ ((k >> 1) & 1), which puts two even and two odd token rows in every load
-//   instruction: the lanes of a quarter warp (g in {2i, 2i+1}, t = 0..3) then fall 2 to a 16-byte bank
-//   group instead of 4 (not yet measured with ncu; a swizzle of the raw slots by (row >> 1) & 3 would
-//   make them conflict-free, docs/perf-notes.md v3.6).
+//   instruction, and the raw ring's 16-byte chunks are swizzled by (row >> 1) & 3 (raw_offset,
+//   MLA_FP8_RING_SWIZZLE), so the lanes of a quarter warp hit distinct bank groups (v3.7: 4
+//   wavefronts per V^T load instead of 8; docs/perf-notes.md).
 #pragma once
 #include <cuda_runtime.h>
 
