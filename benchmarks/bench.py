@@ -353,6 +353,22 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
                    num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
 
     row: dict = {"num_kv_splits": splits}
+    if args.balanced:
+        # The serving path: a plan, its schedule made once per step (not timed with the layer's call,
+        # as the peers' get_mla_metadata / plan are not), then run() per layer.
+        plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
+                             kv_dtype=inputs["kv_cache"].dtype, max_seq_len=inputs["block_table"].shape[1] * page,
+                             num_kv_splits=args.num_kv_splits)
+        max_keys = inputs["block_table"].shape[1] * page
+        kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
+        if plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
+            row["num_kv_splits"] = f"b{plan.sched_ctas}"
+            row["schedule_us"] = time_cold(lambda: plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw), flush,
+                                           args.reps, args.warmup)
+
+        def call():  # noqa: F811
+            plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                     out=out, lse=lse, k_scale=k_scale)
     if args.check:
         call()
         problems = check_case(inputs, out, lse)
@@ -487,6 +503,10 @@ def parse_args(argv=None, description: str | None = None):
                         "TB/s counts 1 byte per KV element; peers from the fp8_q1 cases of anchors-h200-modes.json)")
     p.add_argument("--mode", help="with a multi-mode anchors file: the mode to run (default fp8_q1 for fp8_e4m3, else bf16_q1)")
     p.add_argument("--num-kv-splits", type=int, help="force the split count (default: the library's heuristic)")
+    p.add_argument("--balanced", action="store_true",
+                   help="time MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, made once per "
+                        "step and timed apart as schedule_us) instead of mla_decode")
+    p.add_argument("--schedule-overhead", type=int, help="with --balanced: the schedule's overhead per request, in tiles")
     p.add_argument("--reps", type=int, help="cold timed calls per case (default 50; 10 with --quick)")
     p.add_argument("--graph-replays", type=int, help=f"timed replays of the {GRAPH_CALLS}-call graph "
                                                      "(default 20; 10 with --quick)")

@@ -10,7 +10,7 @@ import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 3  # must equal MLA_ABI_VERSION in templates/mla/abi.h
 
 _i32, _i64, _vp, _f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
@@ -30,6 +30,7 @@ class MlaDecodeArgs(ctypes.Structure):
         ("out", _vp), ("out_stride_batch", _i64), ("out_stride_token", _i64), ("out_stride_head", _i64),
         ("lse", _vp), ("lse_stride_batch", _i64), ("lse_stride_head", _i64), ("lse_stride_token", _i64),
         ("workspace", _vp), ("workspace_bytes", _i64),
+        ("schedule", _vp), ("sched_ctas", _i32),
         ("stream", _vp),
     ]
 
@@ -92,6 +93,11 @@ class Library:
             fn.argtypes = [ctypes.c_char_p]  # a pack_args() buffer (or bytes(MlaDecodeArgs(...)))
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
+        # The balanced schedule's kernel (templates/mla/schedule.cu), one per library.
+        self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _vp, _vp]
+        self.cdll.mla_variants_schedule.restype = ctypes.c_int
+        self.cdll.mla_variants_schedule_ints.argtypes = [_i32, _i32]
+        self.cdll.mla_variants_schedule_ints.restype = _i64
 
     def plan(self, num_heads: int, page_size: int, dtype: str, split: bool):
         """dispatch.plan_launches on this library's table, memoized (the table is fixed once loaded)."""

@@ -397,8 +397,9 @@ def _current_stream(device_index: int) -> int:
 
 
 def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,
-          stream: int) -> list[tuple[str, bytes]]:
-    """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]."""
+          stream: int, schedule: int = 0, sched_ctas: int = 0) -> list[tuple[str, bytes]]:
+    """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]. schedule: the
+    device address of a balanced schedule (MLADecodePlan.schedule) for sched_ctas CTAs per row block, or 0."""
     o, ls = c.out, c.lse
     o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
     qn_st, qp_st = c.qn_st, c.qp_st
@@ -410,16 +411,18 @@ def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None
         c.kv_ptr, c.kv_st[0], c.kv_st[1], c.k_scale, c.k_scale_ptr, c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
         o_ptr + l.head_start * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
         l_ptr + l.head_start * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
-        ws_ptr, workspace_bytes, stream)) for l in launches]
+        ws_ptr, workspace_bytes, schedule, sched_ctas, stream)) for l in launches]
 
 
-def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int) -> None:
+def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,
+            schedule: int = 0, sched_ctas: int = 0) -> None:
     """Call the compiled launchers on the current stream of the tensors' device."""
     if c.device_index != torch.cuda.current_device():  # launch on the tensors' device, not the current one
         with torch.cuda.device(c.device_index):
-            return _launch(c, launches, num_kv_splits, workspace, workspace_bytes)
+            return _launch(c, launches, num_kv_splits, workspace, workspace_bytes, schedule, sched_ctas)
     lib = _binding.library()
-    for symbol, packed in _pack(c, launches, num_kv_splits, workspace, workspace_bytes, _current_stream(c.device_index)):
+    for symbol, packed in _pack(c, launches, num_kv_splits, workspace, workspace_bytes, _current_stream(c.device_index),
+                                schedule, sched_ctas):
         lib.launch(symbol, packed)
 
 

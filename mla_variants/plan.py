@@ -14,8 +14,14 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _Call, _check_workspace, _choose, _current_stream, _fail, _launch,
-                  _pack, _validate, workspace_size)
+from .api import (_DTYPES, BLOCK_M, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call, _check_workspace, _choose,
+                  _current_stream, _fail, _launch, _pack, _sm_count, _validate, workspace_size)
+from .api import KV_LORA_RANK
+from .dispatch import VariantNotCompiledError
+
+# The balanced schedule's fixed cost of a request, in 64-key tiles (its Q load and epilogue); the
+# schedule kernel cuts the batch's tiles + this overhead per request into equal runs.
+SCHEDULE_OVERHEAD_TILES = 3
 
 _STREAM = struct.Struct("@Q")
 
@@ -73,11 +79,68 @@ class MLADecodePlan:
                                self.kv_dtype)
         self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
+        # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
+        self._sched_launches, self.sched_ctas, self._schedule, self._sched_batch = None, 0, None, 0
+        if self.kv_dtype is dtype:
+            try:
+                sl = _binding.library().plan(num_heads, page_size, _DTYPES[dtype], True)
+            except VariantNotCompiledError:
+                sl = None
+            if sl is not None and len(sl) == 1 and sl[0].key[0] > ST_MAX_HEADS:
+                m_blocks = -(-sl[0].key[0] * q_len // BLOCK_M)
+                self._sched_launches = sl
+                self.sched_ctas = max(1, _sm_count(self.device.index) // m_blocks)
+                pieces = max_batch + self.sched_ctas
+                self.workspace_bytes = max(self.workspace_bytes, pieces * q_len * num_heads * (KV_LORA_RANK + 1) * 4)
+                n = _binding.library().cdll.mla_variants_schedule_ints(max_batch, self.sched_ctas)
+                self._schedule = torch.zeros(n, dtype=torch.int32, device=self.device)
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
         else:
             _check_workspace(workspace, self.workspace_bytes, self.device, "MLADecodePlan.workspace_bytes")
         self.workspace = workspace
+
+    @property
+    def balanced(self) -> bool:
+        """Whether :meth:`schedule` applies to this plan (a split variant of more than 16 heads, 16-bit cache)."""
+        return self._sched_launches is not None
+
+    def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
+                 overhead_tiles: int = SCHEDULE_OVERHEAD_TILES) -> bool:
+        """Balance the next decode steps' work over the GPU for these seq_lens (call once per step, after
+        seq_lens changed, before the step's layers call :meth:`run`): one small kernel on the current
+        stream (graph capturable, no host synchronization) cuts the batch's 64-key tiles, plus
+        `overhead_tiles` per request, into equal runs, one per CTA, crossing request boundaries, so that
+        neither a long request in a ragged batch nor a short batch leaves SMs idle (FlashMLA's
+        get_mla_metadata and FlashInfer's plan do the same once per step). From then on :meth:`run`
+        launches that schedule, with the batch len(seq_lens); a request whose tile count (ceil(seq_len /
+        64)) differs at run time from the scheduled one gets NaN output, never a wrong finite one.
+
+        seq_lens: int32 [batch] on the plan's device, batch <= max_batch. max_seq_len: the longest
+        sequence a block_table row addresses (default: no bound; a larger seq_len counts 0 tiles here and
+        gets NaN in run). Returns False (and changes nothing) when the plan cannot balance: see
+        :attr:`balanced`. Raises MLAInputError for a bad seq_lens or overhead_tiles."""
+        if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
+            _fail("seq_lens", "an int32 tensor [batch]", type(seq_lens).__name__ if not isinstance(seq_lens, torch.Tensor)
+                  else f"{seq_lens.dtype} tensor of shape {tuple(seq_lens.shape)}")
+        if seq_lens.device != self.device or not seq_lens.is_contiguous():
+            _fail("seq_lens", f"a contiguous tensor on {self.device}", f"device {seq_lens.device}, strides {seq_lens.stride()}")
+        batch = seq_lens.shape[0]
+        if not 1 <= batch <= self.max_batch:
+            _fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
+        if isinstance(overhead_tiles, bool) or not isinstance(overhead_tiles, int) or not 1 <= overhead_tiles <= 1 << 20:
+            _fail("overhead_tiles", "an int from 1 to 2**20", repr(overhead_tiles))
+        if not self.balanced:
+            return False
+        limit = 2**31 - 1 if max_seq_len is None else max_seq_len
+        lib = _binding.library()
+        with torch.cuda.device(self.device):
+            code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,
+                                                  self._schedule.data_ptr(), _current_stream(self.device.index))
+        if code:
+            lib.raise_for(code, "the balanced schedule kernel")
+        self._sched_batch = batch
+        return True
 
     def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
             *, out: torch.Tensor, lse: torch.Tensor, k_scale=None):
@@ -94,7 +157,13 @@ class MLADecodePlan:
         num_heads/page_size/q_len/dtype/kv_dtype other than the plan's, batch > max_batch or another device;
         RuntimeError with the CUDA error if a launch fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
-        if c.batch:
+        if c.batch and self._sched_batch:
+            if c.batch != self._sched_batch:
+                _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
+                      f"{c.batch} requests: call schedule(seq_lens) for this step first")
+            _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes, self._schedule.data_ptr(),
+                    self.sched_ctas)
+        elif c.batch:
             _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
         return out, lse
 

@@ -7,7 +7,7 @@
 #pragma once
 #include <stdint.h>
 
-#define MLA_ABI_VERSION 2
+#define MLA_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,9 +46,16 @@ typedef struct MlaDecodeArgs {
   float* lse;                  // [batch, num_heads, q_len] fp32, natural log
   int64_t lse_stride_batch, lse_stride_head, lse_stride_token;
 
-  // Split-KV workspace: num_kv_splits * batch * q_len * num_heads * (512 + 1) fp32 values.
+  // Split-KV workspace: pieces * q_len * num_heads * (512 + 1) fp32 values, pieces = num_kv_splits *
+  // batch (uniform split) or batch + sched_ctas (balanced schedule).
   float* workspace;
   int64_t workspace_bytes;
+
+  // Balanced schedule (schedule.cuh; 64-row path of bf16/fp16 caches, split variants): null for the
+  // uniform split. When set, num_kv_splits is ignored, the grid has num_m_blocks x sched_ctas CTAs
+  // and CTA c covers the (request, tile) range the schedule gives it, crossing request boundaries.
+  const int32_t* schedule;
+  int32_t sched_ctas;
 
   void* stream;                // cudaStream_t
 } MlaDecodeArgs;

@@ -46,12 +46,24 @@ template <class Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
   __shared__ float weight[kCombineThreads];
   __shared__ float scratch[kCombineWarps];
-  const int64_t row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
-  const int h = int(row % a.num_heads);
-  const int qi = int((row / a.num_heads) % a.q_len);
-  const int b = int(row / (int64_t(a.num_heads) * a.q_len));
-  const int64_t rows_per_split = int64_t(a.batch) * a.q_len * a.num_heads;
-  const int num_splits = a.num_kv_splits;
+  const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  // The row's pieces: uniform split, piece s of request b is s * batch + b; balanced schedule, the
+  // request's pieces are consecutive from its first (schedule.cuh), and a request with one piece was
+  // written to out by its CTA. `row` is the row's workspace index in its first piece, rows_per_split
+  // the distance between its pieces.
+  int64_t row = out_row, rows_per_split = int64_t(a.batch) * rows_per_req;
+  int num_splits = a.num_kv_splits;
+  if (a.schedule != nullptr) {
+    const int32_t* r = ScheduleView{a.schedule, a.sched_ctas}.request(b);
+    num_splits = r[kReqPieces];
+    if (num_splits <= 1) return;
+    row = int64_t(r[kReqFirstPiece]) * rows_per_req + (out_row - int64_t(b) * rows_per_req);
+    rows_per_split = rows_per_req;
+  }
   const SplitWorkspace ws = split_workspace(a);
 #if MLA_PDL
   // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has

@@ -32,6 +32,9 @@ struct MathContext {
   float score_scale;    // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, lane;
   int row0;             // this thread's accumulator rows: row0 and row0 + 8
+  // Barrier parities of a scheduled CTA's segment (kernel.cuh consume_scheduled; 0 otherwise): bit s
+  // the parity of stage s's first use in this segment, bit 2 that of Q's.
+  int phases;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -191,15 +194,16 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
   uint64_t* empty0 = &s.kv_empty[0];
   uint64_t* empty1 = &s.kv_empty[kSubTiles];
   float alpha[2], m_sub[2], m_new[2];
-  wait_barrier(&s.q_full, 0);
+  wait_barrier(&s.q_full, (c.phases >> 2) & 1);
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
-    const int parity = i & 1;                      // use i of each stage
+    const int parity0 = (i ^ c.phases) & 1;         // use i of each stage in this piece of work
+    const int parity1 = (i ^ (c.phases >> 1)) & 1;
     const bool has_b = 2 * i + 1 < c.num_tiles;    // tile b = 2i + 1 exists (stage 1)
     if (wg == 0) {
       // ---- tile a = 2i, stage 0: S, softmax, P into the RoPE slot, O_left += P V.
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      issue_s(mma_s, tSrQ, k_frag(0), tSrS, &s.kv_full[0], parity);
+      issue_s(mma_s, tSrQ, k_frag(0), tSrS, &s.kv_full[0], parity0);
       warpgroup_wait<0>();
       fence_fragment(tSrS);
       release(empty0 + 4, 4, c.lane);  // the right half of V is warpgroup 1's to release
@@ -238,7 +242,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
     } else {
       // ---- tile b = 2i + 1 (stage 1) is this warpgroup's; with kSFirst its S goes first.
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
+      if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
       // ---- tile a (warpgroup 0's): follow its max, O_right += P V.
       math_barrier(kBarMaxA);
       CUTE_UNROLL
@@ -252,7 +256,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         fence_fragment(tOrO);
         release(empty0 + 4, 4, c.lane);
         release(empty0 + kSubTiles - 1, 1, c.lane);
-        if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity);
+        if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
       }
       if (has_b) {
         // ---- tile b: softmax, P, O_right += P V. Queue: S(b), then P V(a) with kSFirst.

@@ -46,6 +46,7 @@
 #include "consumer_st.cuh"
 #include "consumer_st_regs.cuh"
 #include "producer.cuh"
+#include "schedule.cuh"
 
 namespace mla {
 
@@ -68,14 +69,20 @@ struct DecodeParams {
 #endif
 };
 
-// Where the split-KV partial results live inside the workspace.
+// Where the split-KV partial results live inside the workspace: one [q_len, num_heads] block of rows
+// per piece. Uniform split: piece split * batch + b; balanced schedule: the pieces schedule.cuh numbers,
+// at most batch + sched_ctas.
 struct SplitWorkspace {
-  float* o;     // [num_kv_splits, batch, q_len, num_heads, 512], already divided by the row sum
-  float* lse;   // [num_kv_splits, batch, q_len, num_heads], natural log, -inf for an empty split
+  float* o;     // [pieces, q_len, num_heads, 512], already divided by the row sum
+  float* lse;   // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key
 };
 
+__host__ __device__ __forceinline__ int64_t workspace_pieces(const MlaDecodeArgs& a) {
+  return a.schedule != nullptr ? int64_t(a.batch) + a.sched_ctas : int64_t(a.num_kv_splits) * a.batch;
+}
+
 __host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDecodeArgs& a) {
-  const int64_t rows = int64_t(a.num_kv_splits) * a.batch * a.q_len * a.num_heads;
+  const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
   return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
 }
 
@@ -95,8 +102,9 @@ __host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits
 // ---------------------------------------------------------------------------------------------
 // Epilogue: normalised O and lse for the thread's two rows, to `out`/`lse` or to the workspace.
 
-template <class Out, int NUM_HEADS, bool SPLIT, class FragO>
-__device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int split, int m_block, int wg,
+// piece_row: the workspace row of the piece's (query 0, head 0) row, or -1 to write out and lse.
+template <class Out, int NUM_HEADS, class FragO>
+__device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t piece_row, int m_block, int wg,
                                            int row0, FragO const& o, const float (&inv_sum)[2],
                                            const float (&lse)[2]) {
   const MlaDecodeArgs& a = p.a;
@@ -107,9 +115,9 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int spl
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
     if (qi >= a.q_len || h >= a.num_heads) continue;
-    if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
+    if (piece_row >= 0) {
       const SplitWorkspace ws = split_workspace(a);
-      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+      const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
       float* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
       CUTE_UNROLL
       for (int j = 0; j < size(o) / 4; ++j) {
@@ -228,8 +236,175 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   return w;
 }
 
+// Variants that can run a balanced schedule (schedule.cuh): the 64-row path of 16-bit caches.
+template <class Cache, int NUM_HEADS>
+constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
+
 // ---------------------------------------------------------------------------------------------
-// The kernel. Grid: x = m_block + num_m_blocks * request, y = split.
+// The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
+// segment of a scheduled CTA): S, softmax and O over w's tiles (consumer.cuh), then the epilogue, to
+// out/lse (piece_row -1) or to the workspace piece starting at row piece_row. phases: the ring stages'
+// and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
+// alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
+// still reading).
+template <class Cache, int NUM_HEADS>
+__device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
+                                        int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
+  using Types = CacheTypes<Cache>;
+  using Element = typename Types::Mma;
+  using L = KernelLayouts<Element>;
+  const MlaDecodeArgs& a = p.a;
+  const int tid = threadIdx.x - kProducerThreads;
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+  const int tid_wg = tid % 128;
+  const int lane = tid % 32;
+  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
+  int key_limit[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int qi = (w.m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
+    key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+  }
+
+  Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
+  clear(tOrO);
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  if (w.num_tiles > 0) {
+    const MathContext ctx{w.kv_begin, w.num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
+                          phases};
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
+    if constexpr (kSchedulable<Cache, NUM_HEADS>) {
+      if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
+    }
+  }
+
+  // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    if (lane % 4 == 0) s.row_sum[buf][wg][row0 + 8 * r] = l_run[r];
+  }
+  math_barrier(kBarEnd);
+  float inv_sum[2], lse[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float l = s.row_sum[buf][0][row0 + 8 * r] + s.row_sum[buf][1][row0 + 8 * r];
+    // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
+    inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
+    lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+    if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
+  }
+  store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The balanced schedule (schedule.cuh): a scheduled CTA covers the (request, tile) range [B_c, B_c+1),
+// one segment per request it touches. Only the 64-row path of 16-bit caches takes it (kSchedulable).
+
+// The scheduled CTA's index c and query-row block (grid x = m_block + num_m_blocks * c).
+__device__ __forceinline__ void sched_cta(const DecodeParams& p, int& c, int& m_block) {
+  uint32_t cx;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
+  m_block = int(cx) % p.num_m_blocks;
+  c = int(cx) / p.num_m_blocks;
+}
+
+// The segment of request b from tile t in CTA c, whose range ends at (end_b, end_t). CtaWork.split is
+// the segment's piece, or -1 when the CTA covers the whole request (it writes out directly). A request
+// whose tile count differs from the one it was scheduled with (the schedule was made for other
+// seq_lens) gets no tiles and NaN rows, like a seq_len the block table cannot address.
+template <int PAGE_SIZE>
+__device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, int m_block, int b, int t, int end_b,
+                                                 int end_t) {
+  const MlaDecodeArgs& a = p.a;
+  const ScheduleView sv{a.schedule, a.sched_ctas};
+  const int32_t* r = sv.request(b);
+  const int sched_tiles = r[kReqTiles];
+  CtaWork w;
+  w.b = b;
+  w.m_block = m_block;
+  const int raw_len = a.seq_lens[b];
+  w.bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
+  w.seq_len = w.bad_len ? 0 : raw_len;
+  if (tiles_of(w.seq_len) != sched_tiles) w.bad_len = true;
+  if (w.bad_len) w.seq_len = 0;
+  const int t1 = b == end_b ? end_t : sched_tiles;
+  w.kv_begin = w.bad_len ? 0 : t * kBlockN;
+  w.kv_end = w.bad_len ? 0 : min(w.seq_len, t1 * kBlockN);
+  w.num_tiles = w.bad_len ? 0 : t1 - t;
+  w.split = r[kReqPieces] == 1 ? -1 : r[kReqFirstPiece] + (c - r[kReqFirstCta]);
+  return w;
+}
+
+// Whether the cursor (b, t) is still before the CTA's end bound (lexicographic order).
+__device__ __forceinline__ bool sched_before(int b, int t, int end_b, int end_t) {
+  return b < end_b || (b == end_b && t < end_t);
+}
+
+// The scheduled producer: per segment with tiles, Q (once the math warps are done with the previous
+// segment's Q: q_empty) and its tiles. The ring continues across segments: each stage counts its own
+// uses, a segment's tile 0 always takes stage 0, and `state` carries the parities: bits 0-1 those of
+// the stages' next uses, bit 2 Q's next fill, bit 3 set once Q was filled. The producer runs at 40
+// registers, so the loop keeps only b and state live across produce: the CTA index is read again
+// from %ctaid and the end bound from the schedule on every segment.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, const void* kv_map) {
+  const ScheduleView sv{p.a.schedule, p.a.sched_ctas};
+  int b, t;
+  {
+    int c, m_block;
+    sched_cta(p, c, m_block);
+    b = sv.bound_req(c);
+    t = sv.bound_tile(c);
+  }
+  int state = 0;
+  for (;; ++b, t = 0) {
+    int c, m_block;
+    sched_cta(p, c, m_block);
+    const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
+    if (!sched_before(b, t, end_b, end_t)) break;
+    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    if (w.num_tiles == 0) continue;
+    if (state & 8) wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
+    produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
+                                         kv_map, state & 3);
+    state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
+    state |= 8;
+  }
+}
+
+// The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
+// writes its rows: out 0 and lse -inf, or NaN), with the stage and Q parities the producer uses.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+__device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s) {
+  static_assert(SPLIT, "a scheduled launch writes workspace pieces: split variants only");
+  const MlaDecodeArgs& a = p.a;
+  int c, m_block;
+  sched_cta(p, c, m_block);
+  const ScheduleView sv{a.schedule, a.sched_ctas};
+  int b = sv.bound_req(c), t = sv.bound_tile(c);
+  const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
+  int u0 = 0, u1 = 0, k = 0, seg = 0;
+  for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
+    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
+    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
+                              seg & 1);
+    if (w.num_tiles > 0) {
+      u0 += (w.num_tiles + 1) / 2;
+      u1 += w.num_tiles / 2;
+      ++k;
+    }
+  }
+  allow_dependent_launch<SPLIT>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel. Grid: x = m_block + num_m_blocks * request, y = split (balanced schedule: x = m_block +
+// num_m_blocks * c, y = 1).
 
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
@@ -246,12 +421,18 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
+  // A scheduled launch (a.schedule set: balanced schedule, kSchedulable variants only) walks the
+  // schedule's segments instead of one (request, split) per CTA.
+  constexpr bool kSched = kSchedulable<Cache, NUM_HEADS> && SPLIT;
+  const bool scheduled = kSched && a.schedule != nullptr;
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
-  const CtaWork w0 = cta_work<PAGE_SIZE>(p);
+  CtaWork w0{};
+  if (!scheduled) w0 = cta_work<PAGE_SIZE>(p);
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
+    if constexpr (kSchedulable<Cache, NUM_HEADS>) cutlass::arch::ClusterBarrier::init(&s.q_empty, 4 * kNumWarpgroups);
     CUTE_UNROLL
     for (int i = 0; i < Storage::kRing * kSubTiles; ++i) {
       // bf16/fp16 and the fp8 register path: every producer thread's copies; fp8 widened in shared
@@ -271,6 +452,18 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
+    if constexpr (kSched) {
+      if (scheduled) {
+        const void* kv_map = nullptr;
+#if MLA_TMA
+        if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+          if (p.use_tma) kv_map = &p.kv_map;
+        }
+#endif
+        produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map);
+        return;
+      }
+    }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
     if (num_tiles > 0) {
       if constexpr (Storage::kRegWiden) {
@@ -290,6 +483,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Storage::kMathRegsUsed>();
+  if constexpr (kSched) {
+    if (scheduled) {
+      consume_scheduled<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, s);
+      return;
+    }
+  }
   const CtaWork w = cta_work<PAGE_SIZE>(p);  // hides behind the wait for Q
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
             num_tiles = w.num_tiles;
@@ -353,41 +552,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     allow_dependent_launch<SPLIT>();
     return;
   } else {
-    // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
-    int key_limit[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int qi = (m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
-      key_limit[r] = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
-    }
-
-    Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
-    clear(tOrO);
-    float m_run[2] = {-INFINITY, -INFINITY};
-    float l_run[2] = {0.f, 0.f};
-    if (num_tiles > 0) {
-      const MathContext ctx{kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0};
-      consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
-    }
-
-    // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
-      if (lane % 4 == 0) s.row_sum[wg][row0 + 8 * r] = l_run[r];
-    }
-    math_barrier(kBarEnd);
-    float inv_sum[2], lse[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const float l = s.row_sum[0][row0 + 8 * r] + s.row_sum[1][row0 + 8 * r];
-      // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
-      inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
-      lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
-      if (bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
-    }
-    store_rows<typename Types::Out, NUM_HEADS, SPLIT>(p, b, split, m_block, wg, row0, tOrO, inv_sum, lse);
+    const int64_t piece_row =
+        SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
+    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }

@@ -105,8 +105,15 @@ int launch(const MlaDecodeArgs* args) {
     return int(cudaErrorInvalidValue);
   }
   if (a.batch == 0) return int(cudaSuccess);
-  if (SPLIT && a.num_kv_splits > 1) {
-    const int64_t need = int64_t(a.num_kv_splits) * a.batch * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
+  // A balanced schedule (schedule.cuh) runs on split variants of the 64-row path with 16-bit caches.
+  const bool scheduled = a.schedule != nullptr;
+  if (scheduled && (!SPLIT || !kSchedulable<Cache, NUM_HEADS> || a.sched_ctas < 1 ||
+                    reinterpret_cast<uintptr_t>(a.schedule) % 8 != 0)) {
+    return int(cudaErrorInvalidValue);
+  }
+  const bool combine = SPLIT && (scheduled || a.num_kv_splits > 1);
+  if (combine) {
+    const int64_t need = workspace_pieces(a) * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
     // 16-byte aligned: the decode kernel stores float2 and the combine loads float4 partial outputs.
     if (a.workspace == nullptr || a.workspace_bytes < need || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
       return int(cudaErrorInvalidValue);
@@ -127,7 +134,8 @@ int launch(const MlaDecodeArgs* args) {
     if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
   }
 #endif
-  const int64_t grid_x = int64_t(p.num_m_blocks) * a.batch;
+  const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);
+  const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
@@ -135,12 +143,12 @@ int launch(const MlaDecodeArgs* args) {
   static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return int(err);
-  kernel<<<dim3(unsigned(grid_x), unsigned(a.num_kv_splits), 1), KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes,
+  kernel<<<dim3(unsigned(grid_x), grid_y, 1), KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes,
            stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 
-  if (SPLIT && a.num_kv_splits > 1) {
+  if (combine) {
     const int64_t rows = int64_t(a.batch) * a.q_len * a.num_heads;
     if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 #if MLA_PDL

@@ -85,8 +85,10 @@ struct SharedStorage {
   alignas(1024) Element q[kBlockM * kHeadDimK];
   alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
   float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
-  float row_sum[kNumWarpgroups][kBlockM];  // each warpgroup's row sums, combined at the end
+  float row_sum[2][kNumWarpgroups][kBlockM];  // each warpgroup's row sums, combined at the end
+                                              // (two buffers: a scheduled CTA's segments alternate)
   uint64_t q_full;                         // Q has landed (one arrival per producer thread)
+  uint64_t q_empty;                        // a scheduled CTA's math warps are done with Q (8 arrivals)
   uint64_t kv_full[kStages * kSubTiles];   // slot stage * kSubTiles + c has landed (fp8: widened)
   uint64_t kv_empty[kStages * kSubTiles];  // every math warp that reads the slot is done
   uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];  // fp8: the slot's raw bytes have landed

@@ -103,7 +103,8 @@ constexpr bool kTmaPages =
 // path): only Q's row count differs, the KV ring and its barriers are the same.
 template <class Element, int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
-                                        int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map) {
+                                        int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map,
+                                        int phases = 0) {
   constexpr bool kTma = kTmaPages<Element, PAGE_SIZE, NUM_HEADS>;
   if constexpr (kTma) {
     if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
@@ -133,7 +134,9 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   for (int t = 0; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
     const int stage = t % kStages;
-    const int empty_parity = ((t / kStages) & 1) ^ 1;  // the first use of a slot does not wait
+    // The first use of a slot does not wait; phases (a scheduled CTA's later segment): the parity of
+    // each stage's first use in this segment.
+    const int empty_parity = (((t / kStages) ^ (phases >> stage)) & 1) ^ 1;
     if constexpr (kTma) {
       const int tile_start = kv_begin + t * kBlockN;
       if (kv_map != nullptr && kv_end - tile_start >= kBlockN) {  // no int overflow near INT_MAX

@@ -1,0 +1,136 @@
+"""The balanced schedule on the GPU (MLADecodePlan.schedule, templates/mla/schedule.cuh): each CTA covers
+a run of (request, tile) that may span several requests or end inside one, so every request must come
+out exactly as the reference, whichever CTAs share it; NaN-poisoned pages, permuted block tables and
+NaN-prefilled outputs as everywhere. Skips where the build has no split variant of more than 16 heads."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():  # also skip when run outside the repo's conftest
+    pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
+
+from mla_variants import MLADecodePlan, MLAInputError, _binding, mla_decode_reference  # noqa: E402
+from mla_variants.testing import capture_graph, compare, make_paged_case  # noqa: E402
+
+
+def _keys(max_count=None):
+    keys = sorted({(k[0], k[1]) for k in _binding.library().table if k[3] and k[2] == "bf16" and k[0] > 16},
+                  key=lambda k: (k[1] not in (1, 64), k[0] != 128, k))
+    return keys[:max_count] if max_count else keys
+
+
+def _run(plan, case, seq_lens=None, **kw):
+    seq_lens = case.seq_lens if seq_lens is None else seq_lens
+    b, ql, h = case.q.shape[:3]
+    out = torch.full((b, ql, h, 512), float("nan"), dtype=case.q.dtype, device="cuda")
+    lse = torch.full((b, h, ql), float("nan"), device="cuda")
+    assert plan.schedule(seq_lens, max_seq_len=case.block_table.shape[1] * case.kv_cache.shape[1], **kw)
+    plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+LENGTHS = {
+    "ragged": [529, 744, 1028, 1280, 7454, 1612, 2231, 2386, 2601, 4160, 3621, 3705, 4057, 64, 4194, 4380],
+    "zeros_ones_long": [0, 1, 100_000, 0, 65, 1, 0, 4096, 3],
+    "one_long": [70_000],
+    "many_short": [1 + (7 * i) % 200 for i in range(300)],
+    "all_empty": [0, 0, 0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LENGTHS))
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_balanced_schedule_matches_reference(name, q_len):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for heads, page in _keys():
+        lens = LENGTHS[name]
+        case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
+        plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(max(lens), 1))
+        assert plan.balanced
+        out, lse = _run(plan, case)
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                case.softmax_scale)
+        problems = compare(out, lse, ref_out, ref_lse)
+        assert not problems, f"h{heads} p{page} {name} q_len {q_len}: {problems}"
+
+
+@pytest.mark.parametrize("overhead", [1, 3, 50])
+def test_balanced_schedule_any_overhead(overhead):
+    heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 16 heads")
+    lens = LENGTHS["ragged"] + LENGTHS["zeros_ones_long"]
+    case = make_paged_case(lens, heads, page, generator=torch.Generator(device="cuda").manual_seed(3))
+    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens))
+    out, lse = _run(plan, case, overhead_tiles=overhead)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert not compare(out, lse, ref_out, ref_lse)
+
+
+def test_stale_schedule_gives_nan_not_a_wrong_answer():
+    """run with seq_lens whose tile counts changed since schedule(): those requests are NaN; others exact."""
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    lens = [1000, 3000, 64, 500]
+    case = make_paged_case(lens, heads, page, generator=torch.Generator(device="cuda").manual_seed(5))
+    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=4096)
+    assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
+    grown = case.seq_lens.clone()
+    grown[1] += 64   # one more tile: stale for request 1
+    grown[3] += 1    # same tile count: still exact
+    out = torch.full((4, 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
+    lse = torch.full((4, heads, 1), float("nan"), device="cuda")
+    plan.run(case.q, case.kv_cache, case.block_table, grown, case.softmax_scale, out=out, lse=lse)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, grown, case.softmax_scale)
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    keep = [0, 2, 3]
+    assert not compare(out[keep], lse[keep], ref_out[keep], ref_lse[keep])
+
+
+def test_schedule_in_a_cuda_graph_follows_seq_lens():
+    """schedule + run captured once; replays after seq_lens changed in place (other tile counts, another
+    balance) stay exact."""
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    steps = ([300, 5000, 1, 2000, 0, 800], [8000, 1, 0, 64, 4000, 65])
+    case = make_paged_case([max(x) for x in zip(*steps)], heads, page,
+                           generator=torch.Generator(device="cuda").manual_seed(9))
+    seq_lens = case.seq_lens.clone()
+    plan = MLADecodePlan(len(steps[0]), heads, page, max_seq_len=8000)
+    out = torch.empty(len(steps[0]), 1, heads, 512, dtype=case.q.dtype, device="cuda")
+    lse = torch.empty(len(steps[0]), heads, 1, device="cuda")
+    max_keys = case.block_table.shape[1] * page
+
+    def step():
+        plan.schedule(seq_lens, max_seq_len=max_keys)
+        plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse)
+
+    graph = capture_graph(step)
+    for new in steps:
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale)
+        assert not compare(out, lse, ref_out, ref_lse), new
+
+
+def test_schedule_argument_errors():
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    plan = MLADecodePlan(4, heads, page, max_seq_len=1024)
+    with pytest.raises(MLAInputError, match="seq_lens: expected an int32 tensor"):
+        plan.schedule(torch.zeros(4, dtype=torch.int64, device="cuda"))
+    with pytest.raises(MLAInputError, match="seq_lens: expected 1 to max_batch=4 requests"):
+        plan.schedule(torch.zeros(5, dtype=torch.int32, device="cuda"))
+    with pytest.raises(MLAInputError, match="overhead_tiles"):
+        plan.schedule(torch.zeros(4, dtype=torch.int32, device="cuda"), overhead_tiles=0)
+    case = make_paged_case([10, 20, 30], heads, page)
+    assert plan.schedule(torch.tensor([10, 20, 30, 40], dtype=torch.int32, device="cuda"))
+    out = torch.empty(3, 1, heads, 512, dtype=case.q.dtype, device="cuda")
+    lse = torch.empty(3, heads, 1, device="cuda")
+    with pytest.raises(MLAInputError, match="seq_lens: expected the batch of the last MLADecodePlan.schedule"):
+        plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
