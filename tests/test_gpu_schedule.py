@@ -43,7 +43,7 @@ LENGTHS = {
 @pytest.mark.parametrize("name", sorted(LENGTHS))
 @pytest.mark.parametrize("q_len", [1, 2])
 def test_balanced_schedule_matches_reference(name, q_len):
-    gen = torch.Generator(device="cuda").manual_seed(11)
+    gen = torch.Generator().manual_seed(11)
     for heads, page in _keys():
         lens = LENGTHS[name]
         case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
@@ -60,7 +60,7 @@ def test_balanced_schedule_matches_reference(name, q_len):
 def test_balanced_schedule_any_overhead(overhead):
     heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 16 heads")
     lens = LENGTHS["ragged"] + LENGTHS["zeros_ones_long"]
-    case = make_paged_case(lens, heads, page, generator=torch.Generator(device="cuda").manual_seed(3))
+    case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(3))
     plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens))
     out, lse = _run(plan, case, overhead_tiles=overhead)
     ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
@@ -73,7 +73,7 @@ def test_stale_schedule_gives_nan_not_a_wrong_answer():
         pytest.skip("no split variant of more than 16 heads")
     heads, page = _keys(1)[0]
     lens = [1000, 3000, 64, 500]
-    case = make_paged_case(lens, heads, page, generator=torch.Generator(device="cuda").manual_seed(5))
+    case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(5))
     plan = MLADecodePlan(len(lens), heads, page, max_seq_len=4096)
     assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
     grown = case.seq_lens.clone()
@@ -96,7 +96,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
     heads, page = _keys(1)[0]
     steps = ([300, 5000, 1, 2000, 0, 800], [8000, 1, 0, 64, 4000, 65])
     case = make_paged_case([max(x) for x in zip(*steps)], heads, page,
-                           generator=torch.Generator(device="cuda").manual_seed(9))
+                           generator=torch.Generator().manual_seed(9))
     seq_lens = case.seq_lens.clone()
     plan = MLADecodePlan(len(steps[0]), heads, page, max_seq_len=8000)
     out = torch.empty(len(steps[0]), 1, heads, 512, dtype=case.q.dtype, device="cuda")
