@@ -102,6 +102,17 @@ def main(argv=None) -> int:
                              bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws,
                              k_scale=k_scale)
 
+        if args.balanced:  # MLADecodePlan.run after schedule() (as bench.py --balanced)
+            plan = bench.MLADecodePlan(batch, heads, page, dtype=inputs["q"].dtype, kv_dtype=inputs["kv_cache"].dtype,
+                                       max_seq_len=inputs["block_table"].shape[1] * page)
+            kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
+            if plan.schedule(inputs["seq_lens"], max_seq_len=inputs["block_table"].shape[1] * page, **kw):
+                splits = f"b{plan.sched_ctas}"
+
+            def call():  # noqa: F811
+                plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
+                         out=out, lse=lse, k_scale=k_scale)
+
         for _ in range(args.warmup):
             call()
         torch.cuda.synchronize()

@@ -72,17 +72,17 @@ def test_stale_schedule_gives_nan_not_a_wrong_answer():
     if not _keys():
         pytest.skip("no split variant of more than 16 heads")
     heads, page = _keys(1)[0]
-    lens = [1000, 3000, 64, 500]
-    case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(5))
-    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=4096)
-    assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
-    grown = case.seq_lens.clone()
-    grown[1] += 64   # one more tile: stale for request 1
-    grown[3] += 1    # same tile count: still exact
+    now = [1000, 3064, 64, 501]   # the step's lengths (the cache and block table hold these tokens)
+    before = [1000, 3000, 64, 500]  # what the schedule saw: request 1 one tile short, request 3 same tiles
+    case = make_paged_case(now, heads, page, generator=torch.Generator().manual_seed(5))
+    plan = MLADecodePlan(len(now), heads, page, max_seq_len=4096)
+    assert plan.schedule(torch.tensor(before, dtype=torch.int32, device="cuda"),
+                         max_seq_len=case.block_table.shape[1] * page)
     out = torch.full((4, 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
     lse = torch.full((4, heads, 1), float("nan"), device="cuda")
-    plan.run(case.q, case.kv_cache, case.block_table, grown, case.softmax_scale, out=out, lse=lse)
-    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, grown, case.softmax_scale)
+    plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    torch.cuda.synchronize()
     assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
     keep = [0, 2, 3]
     assert not compare(out[keep], lse[keep], ref_out[keep], ref_lse[keep])
