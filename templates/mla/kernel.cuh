@@ -238,7 +238,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 
 // Variants that can run a balanced schedule (schedule.cuh): the 64-row path of 16-bit caches.
 template <class Cache, int NUM_HEADS>
-constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
+constexpr bool kSchedulable = MLA_SCHED != 0 && !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 
 // ---------------------------------------------------------------------------------------------
 // The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
