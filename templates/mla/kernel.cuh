@@ -406,7 +406,10 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split (balanced schedule: x = m_block +
 // num_m_blocks * c, y = 1).
 
-template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+// SCHED: the balanced-schedule instantiation (launched only with a.schedule set; kSchedulable split
+// variants). A separate kernel rather than a branch: with both paths in one kernel every uniform call
+// measured ~2.5 us slower (docs/perf-notes.md, balanced schedule).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false>
 __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = CacheTypes<Cache>;
@@ -423,12 +426,13 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   const MlaDecodeArgs& a = p.a;
   // A scheduled launch (a.schedule set: balanced schedule, kSchedulable variants only) walks the
   // schedule's segments instead of one (request, split) per CTA.
-  constexpr bool kSched = kSchedulable<Cache, NUM_HEADS> && SPLIT;
-  const bool scheduled = kSched && a.schedule != nullptr;
+  constexpr bool kSched = SCHED;
+  static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
+  constexpr bool scheduled = kSched;
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
-  if (!scheduled) w0 = cta_work<PAGE_SIZE>(p);
+  if constexpr (!scheduled) w0 = cta_work<PAGE_SIZE>(p);
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);

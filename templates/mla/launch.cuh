@@ -139,6 +139,9 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+  if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
+    if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
+  }
   const int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
   static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
