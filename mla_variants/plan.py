@@ -14,9 +14,9 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, BLOCK_M, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call, _check_workspace, _choose,
-                  _current_stream, _fail, _launch, _pack, _sm_count, _validate, workspace_size)
-from .api import KV_LORA_RANK
+from .api import (_DTYPES, BLOCK_M, FP8_DTYPE, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
+                  _check_workspace, _choose, _current_stream, _fail, _launch, _pack, _sm_count, _validate,
+                  workspace_size)
 from .dispatch import VariantNotCompiledError
 
 # The balanced schedule's fixed cost of a request, in 64-key tiles (its Q load and epilogue); the
