@@ -362,7 +362,7 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
         max_keys = inputs["block_table"].shape[1] * page
         kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
         if plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
-            row["num_kv_splits"] = f"b{plan.sched_ctas}"
+            row["num_kv_splits"] = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"  # b66: balanced, u66: uniform cut
             row["schedule_us"] = time_cold(lambda: plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw), flush,
                                            args.reps, args.warmup)
 

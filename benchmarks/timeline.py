@@ -107,7 +107,7 @@ def main(argv=None) -> int:
                                        max_seq_len=inputs["block_table"].shape[1] * page)
             kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
             if plan.schedule(inputs["seq_lens"], max_seq_len=inputs["block_table"].shape[1] * page, **kw):
-                splits = f"b{plan.sched_ctas}"
+                splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
 
             def call():  # noqa: F811
                 plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,

@@ -94,10 +94,11 @@ class Library:
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
         # The balanced schedule's kernel (templates/mla/schedule.cu), one per library.
-        self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _vp, _vp]
+        self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _i32, _vp, _vp]
         self.cdll.mla_variants_schedule.restype = ctypes.c_int
-        self.cdll.mla_variants_schedule_ints.argtypes = [_i32, _i32]
-        self.cdll.mla_variants_schedule_ints.restype = _i64
+        for name in ("mla_variants_schedule_ints", "mla_variants_schedule_kind_offset"):
+            getattr(self.cdll, name).argtypes = [_i32, _i32]
+            getattr(self.cdll, name).restype = _i64
 
     def plan(self, num_heads: int, page_size: int, dtype: str, split: bool):
         """dispatch.plan_launches on this library's table, memoized (the table is fixed once loaded)."""

@@ -14,7 +14,7 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, BLOCK_M, FP8_DTYPE, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
+from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
                   _check_workspace, _choose, _current_stream, _fail, _launch, _pack, _sm_count, _validate,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
@@ -74,6 +74,7 @@ class MLADecodePlan:
                                           or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
             _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
         self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
+        self.max_seq_len, self._forced_splits = max_seq_len, num_kv_splits
         self.kv_dtype = kv_dtype or dtype
         shape = _Call.of_shape(max_batch, num_heads, q_len, page_size, dtype, self.device.index, -(-max_seq_len // page_size),
                                self.kv_dtype)
@@ -112,7 +113,10 @@ class MLADecodePlan:
         stream (graph capturable, no host synchronization) cuts the batch's 64-key tiles, plus
         `overhead_tiles` per request, into equal runs, one per CTA, crossing request boundaries, so that
         neither a long request in a ragged batch nor a short batch leaves SMs idle (FlashMLA's
-        get_mla_metadata and FlashInfer's plan do the same once per step). From then on :meth:`run`
+        get_mla_metadata and FlashInfer's plan do the same once per step). The kernel also prices the
+        uniform split of this batch laid out on the same CTAs and keeps that cut instead when the balanced
+        one is not clearly cheaper (templates/mla/schedule.cuh: busiest CTA's tiles + overhead per
+        segment + a cost per shared-request piece); :meth:`scheduled_cut` tells which. From then on :meth:`run`
         launches that schedule, with the batch len(seq_lens); a request whose tile count (ceil(seq_len /
         64)) differs at run time from the scheduled one gets NaN output, never a wrong finite one.
 
@@ -133,14 +137,24 @@ class MLADecodePlan:
         if not self.balanced:
             return False
         limit = 2**31 - 1 if max_seq_len is None else max_seq_len
+        splits = self._forced_splits or default_num_kv_splits(batch, self.num_heads, self.q_len,
+                                                              min(self.max_seq_len, limit), _sm_count(self.device.index))
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,
-                                                  self._schedule.data_ptr(), _current_stream(self.device.index))
+                                                  splits, self._schedule.data_ptr(), _current_stream(self.device.index))
         if code:
             lib.raise_for(code, "the balanced schedule kernel")
         self._sched_batch = batch
         return True
+
+    def scheduled_cut(self) -> str | None:
+        """Which cut the last :meth:`schedule` kept: "balanced" or "uniform" (the uniform split on the
+        scheduled CTAs), None before any; reads the device (synchronizes: for diagnostics, not the step)."""
+        if not self._sched_batch:
+            return None
+        offset = _binding.library().cdll.mla_variants_schedule_kind_offset(self._sched_batch, self.sched_ctas)
+        return "uniform" if int(self._schedule[offset].item()) else "balanced"
 
     def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
             *, out: torch.Tensor, lse: torch.Tensor, k_scale=None):

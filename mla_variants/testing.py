@@ -163,3 +163,82 @@ def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[t
     offs = torch.arange(page_size, device=block_table.device, dtype=torch.int64)
     table = (block_table.long().clamp_min(0)[:, :, None] * page_size + offs).reshape(block_table.shape[0], -1)
     return tokens, table.to(torch.int32)
+
+
+# Mirrors of templates/mla/schedule.cuh's constants (the schedule kernel's cost model).
+SCHEDULE_PIECE_COST = 0.07
+SCHEDULE_BALANCED_MARGIN = 0.95
+
+
+def _tiles(n: int) -> int:
+    return -(-n // 64)
+
+
+def _segments(bounds, tiles, c):
+    """CTA c's segments (request, first tile, end tile), as the decode kernel walks them."""
+    b, t = bounds[c]
+    end_b, end_t = bounds[c + 1]
+    while b < end_b or (b == end_b and t < end_t):
+        yield b, t, end_t if b == end_b else tiles[b]
+        b, t = b + 1, 0
+
+
+def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: int, uniform_splits: int,
+                       kind: int | None = None) -> dict:
+    """What the schedule kernel (templates/mla/schedule.cu) writes, computed in Python: {"bounds": [(request,
+    tile)] * (ctas + 1), "requests": [(tiles, first_cta, first_piece, pieces)] * batch, "kind": 0 balanced /
+    1 uniform-equivalent, "prices": (balanced, uniform) in tiles}. `kind` forces the cut (the kernel prices
+    in fp32 and may fuse a multiply-add, so a near-tie can go either way). The GPU test compares the
+    kernel's buffer with it; CPU tests check its invariants."""
+    batch = len(seq_lens)
+    tiles = [0 if n < 0 or n > max_keys else _tiles(n) for n in seq_lens]
+    cost, acc = [], 0
+    for t in tiles:
+        cost.append(acc)
+        acc += t + overhead
+    total, per_cta = acc, max(1, -(-acc // ctas))
+    balanced = []
+    for c in range(ctas + 1):
+        x = c * per_cta
+        if c == ctas or x >= total:
+            balanced.append((batch, 0))
+            continue
+        b = max(i for i in range(batch) if cost[i] <= x)
+        balanced.append((b, max(0, x - cost[b] - overhead)))
+    s = uniform_splits
+    k = -(-batch * s // ctas)
+    uniform = []
+    for c in range(ctas + 1):
+        j = c * k
+        if c == ctas or j >= batch * s:
+            uniform.append((batch, 0))
+            continue
+        b, split = divmod(j, s)
+        t = split * -(-tiles[b] // s)
+        uniform.append((b + 1, 0) if split > 0 and t >= tiles[b] else (b, t))
+
+    def price(bounds):
+        work, pieces = 0, 0
+        for c in range(ctas):
+            w = 0
+            for b, t0, t1 in _segments(bounds, tiles, c):
+                w += t1 - t0 + overhead
+                pieces += not (t0 == 0 and t1 == tiles[b])
+            work = max(work, w)
+        return work + SCHEDULE_PIECE_COST * pieces
+
+    prices = (price(balanced), price(uniform))
+    if kind is None:
+        kind = int(not prices[0] < SCHEDULE_BALANCED_MARGIN * prices[1])
+    bounds = uniform if kind else balanced
+
+    def last_cta_at(b, t):
+        return max(c for c in range(ctas) if bounds[c] <= (b, t))
+
+    requests, first_piece = [], 0
+    for b in range(batch):
+        first = last_cta_at(b, 0)
+        last = last_cta_at(b, tiles[b] - 1) if tiles[b] else first
+        requests.append((tiles[b], first, first_piece, last - first + 1))
+        first_piece += last - first + 1
+    return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices}

@@ -134,3 +134,34 @@ def test_schedule_argument_errors():
     lse = torch.empty(3, heads, 1, device="cuda")
     with pytest.raises(MLAInputError, match="seq_lens: expected the batch of the last MLADecodePlan.schedule"):
         plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_schedule_kernel_matches_the_python_model(seed):
+    """The schedule buffer the kernel writes equals mla_variants.testing.reference_schedule (the cut the
+    kernel kept; a near-tie of the two prices may go either way in fp32)."""
+    import random
+
+    from mla_variants.api import default_num_kv_splits, _sm_count
+    from mla_variants.testing import reference_schedule
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    rng = random.Random(seed)
+    batch = rng.choice([1, 5, 32, 200])
+    lens = [rng.choice([0, 1, 64, 65, rng.randrange(0, 20000), -3, 30000]) for _ in range(batch)]
+    max_keys = 20000
+    plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
+    splits = default_num_kv_splits(batch, heads, 1, max_keys, _sm_count(plan.device.index))
+    got = plan._schedule.cpu().tolist()
+    kind = got[_binding.library().cdll.mla_variants_schedule_kind_offset(batch, plan.sched_ctas)]
+    ref = reference_schedule(lens, max_keys, plan.sched_ctas, 3, splits, kind)
+    g = plan.sched_ctas
+    assert [tuple(got[2 * c:2 * c + 2]) for c in range(g + 1)] == ref["bounds"]
+    assert [tuple(got[2 * (g + 1) + 4 * b:2 * (g + 1) + 4 * b + 4]) for b in range(batch)] == ref["requests"]
+    bal, uni = ref["prices"]
+    if abs(bal - 0.95 * uni) > 1e-3 * uni:
+        assert kind == int(not bal < 0.95 * uni)
+    assert plan.scheduled_cut() == ("uniform" if kind else "balanced")

@@ -504,7 +504,6 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
   const int tid_wg = tid % 128;
   const int lane = tid % 32;
-  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
 
   // Score scale (log2 domain) and output scale. An fp8 cache holds real / k_scale and q was loaded
   // times kFp8QPrescale, so scores take k_scale / kFp8QPrescale and the output k_scale.

@@ -2,6 +2,7 @@
 // the schedule is and its layout.
 #include <cuda_runtime.h>
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "abi.h"
@@ -12,21 +13,60 @@ namespace mla {
 // Whole 64-key tiles that hold `keys` keys (kernel.cuh's tiles_of, without its includes).
 __device__ __forceinline__ int schedule_tiles(int keys) { return keys / 64 + (keys % 64 != 0); }
 
+// The busiest CTA's work and the number of shared-request pieces of the cut `bounds` (see schedule.cuh):
+// thread c walks CTA c's segments as the decode kernel will (sched_before / sched_segment).
+struct MaxOp {
+  __device__ __forceinline__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
+};
+struct CutPrice {
+  int64_t max_work;
+  int64_t pieces;
+};
+template <class Reduce>
+__device__ CutPrice price_cut(const int32_t* bounds, const int32_t* req, int ctas, int overhead,
+                              typename Reduce::TempStorage& temp) {
+  int64_t work_max = 0, pieces = 0;
+  for (int c = threadIdx.x; c < ctas; c += kScheduleThreads) {
+    int b = bounds[2 * c], t = bounds[2 * c + 1];
+    const int end_b = bounds[2 * c + 2], end_t = bounds[2 * c + 3];
+    int64_t work = 0;
+    for (; b < end_b || (b == end_b && t < end_t); ++b, t = 0) {
+      const int tiles = req[4 * b + kReqTiles];
+      const int t1 = b == end_b ? end_t : tiles;
+      work += (t1 - t) + overhead;
+      pieces += !(t == 0 && t1 == tiles);
+    }
+    work_max = max(work_max, work);
+  }
+  CutPrice price;
+  price.max_work = Reduce(temp).Reduce(work_max, MaxOp{});
+  __syncthreads();
+  price.pieces = Reduce(temp).Sum(pieces);
+  __syncthreads();
+  return price;  // valid in thread 0
+}
+
 // One CTA of kScheduleThreads threads: (1) each request's tiles and the cumulative cost (tiles +
-// overhead per request), (2) the CTA bounds B_c at cost c * ceil(total / G), by binary search over the
-// cumulative cost, (3) each request's first CTA and piece count, by binary search over the bounds,
-// and its first piece (an exclusive scan). A seq_len the block table cannot address (< 0 or > max_keys)
-// counts 0 tiles; the decode kernel gives that request NaN.
+// overhead per request), (2) the balanced cut: bounds B_c at cost c * ceil(total / G), by binary
+// search over the cumulative cost; the uniform-equivalent cut of `uniform_splits` splits into the
+// scratch; both priced, the cheaper kept (schedule.cuh), (3) each request's first CTA and piece count,
+// by binary search over the kept bounds, and its first piece (an exclusive scan). A seq_len the block
+// table cannot address (< 0 or > max_keys) counts 0 tiles; the decode kernel gives that request NaN.
 __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const int32_t* seq_lens, int batch,
                                                                         int64_t max_keys, int ctas, int overhead,
-                                                                        int32_t* out) {
+                                                                        int uniform_splits, int32_t* out) {
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
-  __shared__ typename Scan::TempStorage temp;
+  using Reduce = cub::BlockReduce<int64_t, kScheduleThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } temp;
   __shared__ int64_t carry;
+  __shared__ int use_alt;
   int32_t* bounds = out;
   int32_t* req = out + 2 * (int64_t(ctas) + 1);
-  const int64_t head = 2 * (int64_t(ctas) + 1) + 4 * int64_t(batch);
-  int64_t* cost = reinterpret_cast<int64_t*>(out + head + (head & 1));  // cost[b]: cumulative cost before b
+  int64_t* cost = reinterpret_cast<int64_t*>(out + schedule_cost_offset(batch, ctas));  // before request b
+  int32_t* alt = out + schedule_alt_offset(batch, ctas);
 
   // (1) tiles per request, cumulative cost.
   if (threadIdx.x == 0) carry = 0;
@@ -41,7 +81,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
       c = tiles + overhead;
     }
     int64_t excl, sum;
-    Scan(temp).ExclusiveSum(c, excl, sum);
+    Scan(temp.scan).ExclusiveSum(c, excl, sum);
     if (b < batch) cost[b] = carry + excl;
     __syncthreads();
     if (threadIdx.x == 0) carry += sum;
@@ -50,8 +90,13 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
   const int64_t total = carry;
   const int64_t per_cta = max(int64_t(1), (total + ctas - 1) / ctas);
 
-  // (2) B_c = the (request, tile) at cost c * per_cta; a cut inside a request's overhead falls on its
-  // tile 0, so every B_c.tile is below the request's tile count (or 0).
+  // (2) The balanced cut: B_c = the (request, tile) at cost c * per_cta; a cut inside a request's
+  // overhead falls on its tile 0, so every B_c.tile is below the request's tile count (or 0).
+  // The uniform-equivalent cut: CTA c starts at piece c * k of the batch * S pieces (request j / S,
+  // split j % S of ceil(tiles / S) tiles; a split past a short request's end starts the next request).
+  const int splits = uniform_splits;
+  const int64_t num_pieces = int64_t(batch) * splits;
+  const int64_t k = (num_pieces + ctas - 1) / ctas;
   for (int c = threadIdx.x; c <= ctas; c += kScheduleThreads) {
     const int64_t x = int64_t(c) * per_cta;
     int rb = batch, rt = 0;
@@ -66,8 +111,35 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     }
     bounds[2 * c] = rb;
     bounds[2 * c + 1] = rt;
+    const int64_t j = int64_t(c) * k;
+    int ub = batch, ut = 0;
+    if (c < ctas && j < num_pieces) {
+      ub = int(j / splits);
+      const int s = int(j % splits), tiles = req[4 * ub + kReqTiles];
+      const int t = s * ((tiles + splits - 1) / splits);
+      if (s > 0 && t >= tiles) {
+        ++ub;
+      } else {
+        ut = t;
+      }
+    }
+    alt[2 * c] = ub;
+    alt[2 * c + 1] = ut;
   }
   __syncthreads();
+  const CutPrice bal = price_cut<Reduce>(bounds, req, ctas, overhead, temp.reduce);
+  const CutPrice uni = price_cut<Reduce>(alt, req, ctas, overhead, temp.reduce);
+  if (threadIdx.x == 0) {
+    const float bal_price = float(bal.max_work) + kPieceCost * float(bal.pieces);
+    const float uni_price = float(uni.max_work) + kPieceCost * float(uni.pieces);
+    use_alt = !(bal_price < kBalancedMargin * uni_price);
+    out[schedule_kind_offset(batch, ctas)] = use_alt;
+  }
+  __syncthreads();
+  if (use_alt) {
+    for (int i = threadIdx.x; i < 2 * (ctas + 1); i += kScheduleThreads) bounds[i] = alt[i];
+    __syncthreads();
+  }
 
   // (3) the CTAs covering request b: from the last c with B_c <= (b, 0) to the last c with
   // B_c <= (b, tiles - 1); every CTA in between covers at least one of its tiles (the bounds inside a
@@ -95,7 +167,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
       pieces = last - first + 1;
     }
     int64_t excl, sum;
-    Scan(temp).ExclusiveSum(pieces, excl, sum);
+    Scan(temp.scan).ExclusiveSum(pieces, excl, sum);
     if (b < batch) req[4 * b + kReqFirstPiece] = int(carry + excl);
     __syncthreads();
     if (threadIdx.x == 0) carry += sum;
@@ -108,16 +180,22 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
 // Writes the schedule of `batch` requests (seq_lens: device int32 [batch]) for `ctas` CTAs per
 // query-row block into `schedule` (device, mla_variants_schedule_ints(batch, ctas) int32 values, 8-byte
 // aligned) on `stream`. max_keys: the most keys a request's block-table row addresses; overhead: the
-// fixed cost of a request in tiles (>= 1). Returns a cudaError_t code.
+// fixed cost of a request in tiles (>= 1); uniform_splits: the split count of the uniform split the
+// balanced cut is priced against (>= 1). Returns a cudaError_t code.
 extern "C" int mla_variants_schedule(const int32_t* seq_lens, int32_t batch, int64_t max_keys, int32_t ctas,
-                                     int32_t overhead, int32_t* schedule, void* stream) {
-  if (seq_lens == nullptr || schedule == nullptr || batch < 1 || ctas < 1 || overhead < 1 || max_keys < 0 ||
-      reinterpret_cast<uintptr_t>(schedule) % 8 != 0) {
+                                     int32_t overhead, int32_t uniform_splits, int32_t* schedule, void* stream) {
+  if (seq_lens == nullptr || schedule == nullptr || batch < 1 || ctas < 1 || overhead < 1 || uniform_splits < 1 ||
+      max_keys < 0 || reinterpret_cast<uintptr_t>(schedule) % 8 != 0) {
     return int(cudaErrorInvalidValue);
   }
   mla::mla_schedule_kernel<<<1, mla::kScheduleThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      seq_lens, batch, max_keys, ctas, overhead, schedule);
+      seq_lens, batch, max_keys, ctas, overhead, uniform_splits, schedule);
   return int(cudaGetLastError());
 }
 
 extern "C" int64_t mla_variants_schedule_ints(int32_t batch, int32_t ctas) { return mla::schedule_ints(batch, ctas); }
+
+// Where the schedule records which cut it kept (0 balanced, 1 uniform-equivalent), in int32 values.
+extern "C" int64_t mla_variants_schedule_kind_offset(int32_t batch, int32_t ctas) {
+  return mla::schedule_kind_offset(batch, ctas);
+}

@@ -18,7 +18,16 @@
 //                         unless it is 0;
 //   requests [4 batch]   per request: its tile count when scheduled, the first CTA that covers it, its
 //                         first piece, its number of pieces (1: written directly by that CTA);
-//   cost [batch + 1]      int64 scratch (the cumulative cost), only used while scheduling.
+//   cost [batch + 1]      int64 scratch (the cumulative cost), only used while scheduling;
+//   alt [2 (G + 1)]       scratch: the bounds of the uniform-equivalent cut (below);
+//   kind [1]              which cut the schedule holds: 0 balanced, 1 uniform-equivalent.
+// The kernel builds two cuts and keeps the one its cost model prices lower: the balanced cut above,
+// and the uniform-equivalent cut, which gives each CTA k consecutive (request, split) pieces of the
+// uniform split into S splits (k = ceil(batch S / G); the uniform launch's work when batch S <= G).
+// A cut's price, in tiles: its busiest CTA's tiles plus `overhead` per segment, plus kPieceCost per
+// piece of a request that several CTAs share (its fp32 partial written, then read by the combine);
+// the balanced cut is kept only when it is priced below kBalancedMargin times the other. Both
+// constants were fitted to the H200 measurements in docs/perf-notes.md (v3.9).
 // A request with no key (seq_len 0) has cost overhead and is covered by exactly one CTA (which writes
 // out 0 and lse -inf). Pieces number at most batch + G - 1 (every inner boundary splits at most one
 // request), the workspace's size (split_workspace).
@@ -28,12 +37,24 @@
 
 namespace mla {
 
-constexpr int kScheduleThreads = 1024;
+constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts and their prices do not spill
 
-__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
-  // bounds + requests, rounded up to even so that the int64 scratch is 8-byte aligned, + the scratch
+constexpr float kPieceCost = 0.07f;      // tiles per piece of a shared request
+constexpr float kBalancedMargin = 0.95f;  // the balanced cut must be priced below this times the other
+
+// Offsets (in int32) of the layout's parts.
+__host__ __device__ __forceinline__ int64_t schedule_cost_offset(int batch, int ctas) {
   const int64_t head = 2 * (int64_t(ctas) + 1) + 4 * int64_t(batch);
-  return head + (head & 1) + 2 * (int64_t(batch) + 1);
+  return head + (head & 1);  // 8-byte aligned for the int64 cost
+}
+__host__ __device__ __forceinline__ int64_t schedule_alt_offset(int batch, int ctas) {
+  return schedule_cost_offset(batch, ctas) + 2 * (int64_t(batch) + 1);
+}
+__host__ __device__ __forceinline__ int64_t schedule_kind_offset(int batch, int ctas) {
+  return schedule_alt_offset(batch, ctas) + 2 * (int64_t(ctas) + 1);
+}
+__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
+  return schedule_kind_offset(batch, ctas) + 1;
 }
 
 struct ScheduleView {

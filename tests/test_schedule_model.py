@@ -1,0 +1,74 @@
+"""The balanced schedule's algorithm (mla_variants.testing.reference_schedule, the Python mirror of
+templates/mla/schedule.cu that tests/test_gpu_schedule.py holds the kernel to): whatever the lengths,
+every tile of every request is covered by exactly one CTA, every empty request by exactly one segment,
+pieces are numbered within the workspace, and the cost model keeps the cut the H200 measured faster."""
+import random
+
+import pytest
+
+from mla_variants.testing import _segments, reference_schedule
+
+
+def _check_invariants(seq_lens, max_keys, ctas, overhead, splits, kind=None):
+    sch = reference_schedule(seq_lens, max_keys, ctas, overhead, splits, kind)
+    bounds, reqs = sch["bounds"], sch["requests"]
+    batch = len(seq_lens)
+    tiles = [r[0] for r in reqs]
+    assert bounds[0] == (0, 0) and bounds[ctas] == (batch, 0)
+    assert all(bounds[c] <= bounds[c + 1] for c in range(ctas))
+    assert all(t == 0 or t < tiles[b] for b, t in bounds[:ctas] if b < batch)
+    covered = [[0] * t for t in tiles]
+    empty_seen = [0] * batch
+    pieces_seen = set()
+    for c in range(ctas):
+        for b, t0, t1 in _segments(bounds, tiles, c):
+            assert 0 <= t0 <= t1 <= tiles[b]
+            _, first, first_piece, pieces = reqs[b]
+            assert first <= c < first + pieces, (b, c, reqs[b])
+            if pieces > 1:
+                piece = first_piece + c - first
+                assert piece not in pieces_seen and 0 <= piece < batch + ctas
+                pieces_seen.add(piece)
+                assert t1 > t0  # a CTA sharing a request has some of its tiles
+            if tiles[b] == 0:
+                empty_seen[b] += 1
+            for t in range(t0, t1):
+                covered[b][t] += 1
+    assert all(x == 1 for row in covered for x in row)
+    assert all(empty_seen[b] == 1 for b in range(batch) if tiles[b] == 0)
+    assert sum(r[3] for r in reqs) <= batch + ctas - 1
+    assert [r[2] for r in reqs] == [sum(r[3] for r in reqs[:b]) for b in range(batch)]
+    return sch
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_schedule_covers_every_tile_once(seed):
+    rng = random.Random(seed)
+    batch = rng.choice([1, 2, 3, 7, 32, 100, 300])
+    max_keys = rng.choice([64, 4096, 100_000])
+    lens = [rng.choice([0, 1, 63, 64, 65, rng.randrange(0, max_keys + 1), -5, max_keys + 1]) for _ in range(batch)]
+    for kind in (None, 0, 1):
+        _check_invariants(lens, max_keys, rng.choice([1, 2, 33, 66, 132]), rng.choice([1, 3, 8]),
+                          rng.choice([1, 2, 4, 64]), kind)
+
+
+def test_uniform_cut_reproduces_the_uniform_split():
+    """batch * S <= G: CTA c gets exactly split c % S of request c // S (kernel.cuh split_range)."""
+    lens, splits, ctas = [1000, 64, 0, 4097, 130], 4, 66
+    sch = _check_invariants(lens, 8192, ctas, 3, splits, kind=1)
+    tiles = [-(-n // 64) for n in lens]
+    for c in range(len(lens) * splits):
+        b, s = divmod(c, splits)
+        per = -(-tiles[b] // splits)
+        want = (min(tiles[b], s * per), min(tiles[b], (s + 1) * per))
+        got = [(t0, t1) for bb, t0, t1 in _segments(sch["bounds"], tiles, c) if bb == b]
+        assert got == ([want] if want[1] > want[0] or (s == 0 and tiles[b] == 0) else []), (c, got, want)
+
+
+def test_cost_model_keeps_the_measured_faster_cut():
+    """docs/perf-notes.md v3.9: balanced won on the 128 x 32 ragged batch, lost on 128 x 128 x 1024."""
+    ragged = [529, 744, 1028, 1280, 1477, 1612, 2231, 2386, 2601, 2693, 3621, 3705, 4057, 4160, 4194, 4380,
+              4508, 4570, 5174, 5488, 5849, 6212, 6422, 6745, 6756, 6768, 6796, 6973, 7080, 7084, 7358, 7454]
+    assert reference_schedule(ragged, 8192, 66, 3, 2)["kind"] == 0
+    assert reference_schedule([1024] * 128, 1024, 66, 3, 1)["kind"] == 1
+    assert reference_schedule([16384], 16384, 132, 3, 64)["kind"] == 1  # 64 heads, batch 1: finer cut lost
