@@ -117,7 +117,7 @@ class MLADecodePlan:
         uniform split of this batch laid out on the same CTAs and keeps that cut instead when the balanced
         one is not clearly cheaper (templates/mla/schedule.cuh: busiest CTA's tiles + overhead per
         segment + a cost per shared-request piece); :meth:`scheduled_cut` tells which. From then on :meth:`run`
-        launches that schedule, with the batch len(seq_lens); a request whose tile count (ceil(seq_len /
+        launches that schedule (so does a step made by :meth:`bind`), with the batch len(seq_lens); a request whose tile count (ceil(seq_len /
         64)) differs at run time from the scheduled one gets NaN output, never a wrong finite one.
 
         seq_lens: int32 [batch] on the plan's device, batch <= max_batch. max_seq_len: the longest
@@ -226,6 +226,13 @@ class BoundDecode:
         packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0)
         # the stream is the struct's last field: keep the rest, append the current stream per call
         self._launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed] if call.batch else []
+        # The same step on the balanced schedule, used while the plan holds one (MLADecodePlan.schedule).
+        self._sched_launches = []
+        if call.batch and plan.balanced:
+            packed = _pack(call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
+                           plan._schedule.data_ptr(), plan.sched_ctas)
+            self._sched_launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed]
+        self._batch = call.batch
         self._device = call.device_index
         self._lib = lib
 
@@ -235,7 +242,13 @@ class BoundDecode:
             with torch.cuda.device(self._device):
                 return self()
         tail = _STREAM.pack(_current_stream(self._device))
-        for fn, head in self._launches:
+        launches = self._launches
+        if self._batch and self.plan._sched_batch:
+            if self.plan._sched_batch != self._batch:
+                _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self.plan._sched_batch} requests)",
+                      f"{self._batch} requests (this bound step's): call schedule(seq_lens) for this step first")
+            launches = self._sched_launches
+        for fn, head in launches:
             code = fn(head + tail)
             if code:
                 self._lib.raise_for(code, "a bound MLA decode launch")

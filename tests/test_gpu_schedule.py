@@ -165,3 +165,29 @@ def test_schedule_kernel_matches_the_python_model(seed):
     if abs(bal - 0.95 * uni) > 1e-3 * uni:
         assert kind == int(not bal < 0.95 * uni)
     assert plan.scheduled_cut() == ("uniform" if kind else "balanced")
+
+
+def test_bound_step_follows_the_schedule():
+    """bind() before schedule(): the bound step runs the uniform split, then the schedule once one exists;
+    a schedule for another batch is refused by name."""
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    lens = LENGTHS["ragged"]
+    case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(21))
+    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens))
+    out = torch.full((len(lens), 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
+    lse = torch.full((len(lens), heads, 1), float("nan"), device="cuda")
+    step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    step()
+    torch.cuda.synchronize()
+    assert not compare(out, lse, ref_out, ref_lse)
+    assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
+    out.fill_(float("nan"))
+    step()
+    torch.cuda.synchronize()
+    assert not compare(out, lse, ref_out, ref_lse)
+    assert plan.schedule(case.seq_lens[:3].contiguous())
+    with pytest.raises(MLAInputError, match="seq_lens: expected the batch of the last MLADecodePlan.schedule"):
+        step()
