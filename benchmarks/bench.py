@@ -358,7 +358,7 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
         # as the peers' get_mla_metadata / plan are not), then run() per layer.
         plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
                              kv_dtype=inputs["kv_cache"].dtype, max_seq_len=inputs["block_table"].shape[1] * page,
-                             num_kv_splits=args.num_kv_splits)
+                             num_kv_splits=args.num_kv_splits, balanced=True)
         max_keys = inputs["block_table"].shape[1] * page
         kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
         if plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
         if args.balanced:  # MLADecodePlan.run after schedule() (as bench.py --balanced)
             plan = bench.MLADecodePlan(batch, heads, page, dtype=inputs["q"].dtype, kv_dtype=inputs["kv_cache"].dtype,
-                                       max_seq_len=inputs["block_table"].shape[1] * page)
+                                       max_seq_len=inputs["block_table"].shape[1] * page, balanced=True)
             kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
             if plan.schedule(inputs["seq_lens"], max_seq_len=inputs["block_table"].shape[1] * page, **kw):
                 splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"

@@ -40,6 +40,10 @@ class MLADecodePlan:
       device: the CUDA device (default: the current one).
       workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
         (see :func:`mla_variants.workspace_size`); otherwise the plan allocates one now.
+      balanced: allow the balanced schedule (:meth:`schedule`; opt-in, max_batch <= 2**20). Such a plan's
+        workspace_bytes also holds max_batch + sched_ctas partial results per row (:attr:`balanced` is
+        False, and nothing grows, when the plan cannot balance: 16 heads or fewer, an fp8 cache, several
+        head groups, no split variant).
 
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
     workspace and workspace_bytes (its size, :func:`mla_variants.workspace_size` for max_batch).
@@ -51,7 +55,7 @@ class MLADecodePlan:
     def __init__(self, max_batch: int, num_heads: int, page_size: int, *, q_len: int = 1,
                  dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None, max_seq_len: int = 131072,
                  num_kv_splits: int | None = None, device: torch.device | str | int | None = None,
-                 workspace: torch.Tensor | None = None):
+                 workspace: torch.Tensor | None = None, balanced: bool = False):
         for name, v, lo, hi in (("max_batch", max_batch, 1, 2**31 - 1), ("num_heads", num_heads, 1, 2**20),
                                 ("page_size", page_size, 1, 2**20), ("q_len", q_len, 1, MAX_Q_LEN),
                                 ("max_seq_len", max_seq_len, 1, 2**31 - 1)):
@@ -81,8 +85,16 @@ class MLADecodePlan:
         self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
-        self._sched_launches, self.sched_ctas, self._schedule, self._sched_batch = None, 0, None, 0
-        if self.kv_dtype is dtype:
+        if not isinstance(balanced, bool):
+            _fail("balanced", "a bool", repr(balanced))
+        if balanced and max_batch > 2**20:
+            _fail("max_batch", "at most 2**20 with balanced=True", max_batch)
+        self._balanced_asked = balanced
+        self._sched_launches, self.sched_ctas, self._sched_batch = None, 0, 0
+        # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
+        # only ever reads the buffer made for its own batch.
+        self._schedules: dict[int, torch.Tensor] = {}
+        if balanced and self.kv_dtype is dtype:
             try:
                 sl = _binding.library().plan(num_heads, page_size, _DTYPES[dtype], True)
             except VariantNotCompiledError:
@@ -93,8 +105,6 @@ class MLADecodePlan:
                 self.sched_ctas = max(1, _sm_count(self.device.index) // m_blocks)
                 pieces = max_batch + self.sched_ctas
                 self.workspace_bytes = max(self.workspace_bytes, pieces * q_len * num_heads * (KV_LORA_RANK + 1) * 4)
-                n = _binding.library().cdll.mla_variants_schedule_ints(max_batch, self.sched_ctas)
-                self._schedule = torch.zeros(n, dtype=torch.int32, device=self.device)
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
         else:
@@ -103,7 +113,8 @@ class MLADecodePlan:
 
     @property
     def balanced(self) -> bool:
-        """Whether :meth:`schedule` applies to this plan (a split variant of more than 16 heads, 16-bit cache)."""
+        """Whether :meth:`schedule` applies to this plan: made with balanced=True, one split variant of more
+        than 16 heads, a 16-bit cache."""
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
@@ -123,7 +134,10 @@ class MLADecodePlan:
         seq_lens: int32 [batch] on the plan's device, batch <= max_batch. max_seq_len: the longest
         sequence a block_table row addresses (default: no bound; a larger seq_len counts 0 tiles here and
         gets NaN in run). Returns False (and changes nothing) when the plan cannot balance: see
-        :attr:`balanced`. Raises MLAInputError for a bad seq_lens or overhead_tiles."""
+        :attr:`balanced`. The first call for a batch size allocates that size's schedule buffer, so make
+        it before capturing a CUDA graph (a warm-up step does). Raises MLAInputError for a bad seq_lens,
+        max_seq_len or overhead_tiles, a plan made without balanced=True, or a first call for a batch
+        size during graph capture."""
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
             _fail("seq_lens", "an int32 tensor [batch]", type(seq_lens).__name__ if not isinstance(seq_lens, torch.Tensor)
                   else f"{seq_lens.dtype} tensor of shape {tuple(seq_lens.shape)}")
@@ -134,15 +148,27 @@ class MLADecodePlan:
             _fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
         if isinstance(overhead_tiles, bool) or not isinstance(overhead_tiles, int) or not 1 <= overhead_tiles <= 1 << 20:
             _fail("overhead_tiles", "an int from 1 to 2**20", repr(overhead_tiles))
+        if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                        or not 0 <= max_seq_len <= 2**31 - 1):
+            _fail("max_seq_len", "None or an int from 0 to 2**31 - 1", repr(max_seq_len))
+        if not self._balanced_asked:
+            _fail("balanced", "a plan made with MLADecodePlan(..., balanced=True) to call schedule()", "balanced=False")
         if not self.balanced:
             return False
+        buf = self._schedules.get(batch)
+        if buf is None:
+            if torch.cuda.is_current_stream_capturing():
+                _fail("seq_lens", f"a batch size scheduled once before graph capture (its buffer is allocated then)",
+                      f"a first schedule() for batch {batch} during capture")
+            n = _binding.library().cdll.mla_variants_schedule_ints(batch, self.sched_ctas)
+            buf = self._schedules[batch] = torch.zeros(n, dtype=torch.int32, device=self.device)
         limit = 2**31 - 1 if max_seq_len is None else max_seq_len
         splits = self._forced_splits or default_num_kv_splits(batch, self.num_heads, self.q_len,
                                                               min(self.max_seq_len, limit), _sm_count(self.device.index))
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,
-                                                  splits, self._schedule.data_ptr(), _current_stream(self.device.index))
+                                                  splits, buf.data_ptr(), _current_stream(self.device.index))
         if code:
             lib.raise_for(code, "the balanced schedule kernel")
         self._sched_batch = batch
@@ -154,7 +180,7 @@ class MLADecodePlan:
         if not self._sched_batch:
             return None
         offset = _binding.library().cdll.mla_variants_schedule_kind_offset(self._sched_batch, self.sched_ctas)
-        return "uniform" if int(self._schedule[offset].item()) else "balanced"
+        return "uniform" if int(self._schedules[self._sched_batch][offset].item()) else "balanced"
 
     def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
             *, out: torch.Tensor, lse: torch.Tensor, k_scale=None):
@@ -175,8 +201,8 @@ class MLADecodePlan:
             if c.batch != self._sched_batch:
                 _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
                       f"{c.batch} requests: call schedule(seq_lens) for this step first")
-            _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes, self._schedule.data_ptr(),
-                    self.sched_ctas)
+            _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
+                    self._schedules[c.batch].data_ptr(), self.sched_ctas)
         elif c.batch:
             _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
         return out, lse
@@ -226,12 +252,9 @@ class BoundDecode:
         packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0)
         # the stream is the struct's last field: keep the rest, append the current stream per call
         self._launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed] if call.batch else []
-        # The same step on the balanced schedule, used while the plan holds one (MLADecodePlan.schedule).
-        self._sched_launches = []
-        if call.batch and plan.balanced:
-            packed = _pack(call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
-                           plan._schedule.data_ptr(), plan.sched_ctas)
-            self._sched_launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed]
+        # The same step on the balanced schedule, used while the plan holds one for this batch
+        # (MLADecodePlan.schedule); packed on first use, once that batch's schedule buffer exists.
+        self._sched_launches = None
         self._batch = call.batch
         self._device = call.device_index
         self._lib = lib
@@ -247,6 +270,11 @@ class BoundDecode:
             if self.plan._sched_batch != self._batch:
                 _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self.plan._sched_batch} requests)",
                       f"{self._batch} requests (this bound step's): call schedule(seq_lens) for this step first")
+            if self._sched_launches is None:
+                plan = self.plan
+                packed = _pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
+                               plan._schedules[self._batch].data_ptr(), plan.sched_ctas)
+                self._sched_launches = [(self._lib.launcher(symbol), args[:-8]) for symbol, args in packed]
             launches = self._sched_launches
         for fn, head in launches:
             code = fn(head + tail)

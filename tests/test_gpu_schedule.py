@@ -47,7 +47,7 @@ def test_balanced_schedule_matches_reference(name, q_len):
     for heads, page in _keys():
         lens = LENGTHS[name]
         case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
-        plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(max(lens), 1))
+        plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(max(lens), 1), balanced=True)
         assert plan.balanced
         out, lse = _run(plan, case)
         ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
@@ -61,7 +61,7 @@ def test_balanced_schedule_any_overhead(overhead):
     heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 16 heads")
     lens = LENGTHS["ragged"] + LENGTHS["zeros_ones_long"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(3))
-    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens))
+    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens), balanced=True)
     out, lse = _run(plan, case, overhead_tiles=overhead)
     ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
     assert not compare(out, lse, ref_out, ref_lse)
@@ -75,7 +75,7 @@ def test_stale_schedule_gives_nan_not_a_wrong_answer():
     now = [1000, 3064, 64, 501]   # the step's lengths (the cache and block table hold these tokens)
     before = [1000, 3000, 64, 500]  # what the schedule saw: request 1 one tile short, request 3 same tiles
     case = make_paged_case(now, heads, page, generator=torch.Generator().manual_seed(5))
-    plan = MLADecodePlan(len(now), heads, page, max_seq_len=4096)
+    plan = MLADecodePlan(len(now), heads, page, max_seq_len=4096, balanced=True)
     assert plan.schedule(torch.tensor(before, dtype=torch.int32, device="cuda"),
                          max_seq_len=case.block_table.shape[1] * page)
     out = torch.full((4, 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
@@ -98,7 +98,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
     case = make_paged_case([max(x) for x in zip(*steps)], heads, page,
                            generator=torch.Generator().manual_seed(9))
     seq_lens = case.seq_lens.clone()
-    plan = MLADecodePlan(len(steps[0]), heads, page, max_seq_len=8000)
+    plan = MLADecodePlan(len(steps[0]), heads, page, max_seq_len=8000, balanced=True)
     out = torch.empty(len(steps[0]), 1, heads, 512, dtype=case.q.dtype, device="cuda")
     lse = torch.empty(len(steps[0]), heads, 1, device="cuda")
     max_keys = case.block_table.shape[1] * page
@@ -121,7 +121,7 @@ def test_schedule_argument_errors():
     if not _keys():
         pytest.skip("no split variant of more than 16 heads")
     heads, page = _keys(1)[0]
-    plan = MLADecodePlan(4, heads, page, max_seq_len=1024)
+    plan = MLADecodePlan(4, heads, page, max_seq_len=1024, balanced=True)
     with pytest.raises(MLAInputError, match="seq_lens: expected an int32 tensor"):
         plan.schedule(torch.zeros(4, dtype=torch.int64, device="cuda"))
     with pytest.raises(MLAInputError, match="seq_lens: expected 1 to max_batch=4 requests"):
@@ -134,6 +134,56 @@ def test_schedule_argument_errors():
     lse = torch.empty(3, heads, 1, device="cuda")
     with pytest.raises(MLAInputError, match="seq_lens: expected the batch of the last MLADecodePlan.schedule"):
         plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+    with pytest.raises(MLAInputError, match="max_seq_len"):
+        plan.schedule(torch.zeros(4, dtype=torch.int32, device="cuda"), max_seq_len=-1)
+    with pytest.raises(MLAInputError, match="max_seq_len"):
+        plan.schedule(torch.zeros(4, dtype=torch.int32, device="cuda"), max_seq_len=4096.0)
+    plain = MLADecodePlan(4, heads, page, max_seq_len=1024)
+    assert not plain.balanced
+    with pytest.raises(MLAInputError, match="balanced: expected a plan made with MLADecodePlan"):
+        plain.schedule(torch.zeros(4, dtype=torch.int32, device="cuda"))
+    with pytest.raises(MLAInputError, match="max_batch: expected at most 2\\*\\*20 with balanced=True"):
+        MLADecodePlan(2**20 + 1, heads, page, balanced=True)
+
+
+def test_plans_without_balanced_keep_the_workspace_contract():
+    """Only balanced=True plans grow the workspace; plain plans still fit workspace_size(...)."""
+    from mla_variants import workspace_size
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    plain = MLADecodePlan(512, heads, page, max_seq_len=4096)
+    assert plain.workspace_bytes == workspace_size(512, heads, 1, plain.num_kv_splits)
+    ws = torch.empty(max(plain.workspace_bytes, 16), dtype=torch.uint8, device="cuda")
+    MLADecodePlan(512, heads, page, max_seq_len=4096, workspace=ws)  # accepted as documented
+    bal = MLADecodePlan(512, heads, page, max_seq_len=4096, balanced=True)
+    assert bal.workspace_bytes >= (512 + bal.sched_ctas) * heads * 513 * 4
+
+
+def test_graph_at_one_batch_survives_a_schedule_for_another():
+    """A graph captured at batch P keeps reading the schedule made for P after an eager schedule() for
+    batch R (each batch size has its own buffer): its replay stays exact, nothing is written past P."""
+    if not _keys():
+        pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0]
+    lens = [300, 5000, 1, 2000]
+    case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(13))
+    plan = MLADecodePlan(8, heads, page, max_seq_len=8000, balanced=True)
+    out = torch.empty(4, 1, heads, 512, dtype=case.q.dtype, device="cuda")
+    lse = torch.empty(4, heads, 1, device="cuda")
+    max_keys = case.block_table.shape[1] * page
+
+    def step():
+        plan.schedule(case.seq_lens, max_seq_len=max_keys)
+        plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+
+    graph = capture_graph(step)
+    plan.schedule(torch.tensor([7000, 1, 1, 1, 1, 1, 1, 9], dtype=torch.int32, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    assert not compare(out, lse, ref_out, ref_lse)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -151,11 +201,11 @@ def test_schedule_kernel_matches_the_python_model(seed):
     batch = rng.choice([1, 5, 32, 200])
     lens = [rng.choice([0, 1, 64, 65, rng.randrange(0, 20000), -3, 30000]) for _ in range(batch)]
     max_keys = 20000
-    plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys)
+    plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys, balanced=True)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
     splits = default_num_kv_splits(batch, heads, 1, max_keys, _sm_count(plan.device.index))
-    got = plan._schedule.cpu().tolist()
+    got = plan._schedules[batch].cpu().tolist()
     kind = got[_binding.library().cdll.mla_variants_schedule_kind_offset(batch, plan.sched_ctas)]
     ref = reference_schedule(lens, max_keys, plan.sched_ctas, 3, splits, kind)
     g = plan.sched_ctas
@@ -175,7 +225,7 @@ def test_bound_step_follows_the_schedule():
     heads, page = _keys(1)[0]
     lens = LENGTHS["ragged"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(21))
-    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens))
+    plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens), balanced=True)
     out = torch.full((len(lens), 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
     lse = torch.full((len(lens), heads, 1), float("nan"), device="cuda")
     step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)

@@ -333,7 +333,7 @@ __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, i
   if (w.bad_len) w.seq_len = 0;
   const int t1 = b == end_b ? end_t : sched_tiles;
   w.kv_begin = w.bad_len ? 0 : t * kBlockN;
-  w.kv_end = w.bad_len ? 0 : min(w.seq_len, t1 * kBlockN);
+  w.kv_end = w.bad_len ? 0 : int(min(int64_t(w.seq_len), int64_t(t1) * kBlockN));  // t1 * 64 may reach 2^31
   w.num_tiles = w.bad_len ? 0 : t1 - t;
   w.split = r[kReqPieces] == 1 ? -1 : r[kReqFirstPiece] + (c - r[kReqFirstCta]);
   return w;
