@@ -39,14 +39,18 @@ class MLADecodePlan:
       num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits` for max_batch.
       device: the CUDA device (default: the current one).
       workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
-        (see :func:`mla_variants.workspace_size`); otherwise the plan allocates one now.
+        (:func:`mla_variants.workspace_size`; a balanced plan needs more, see `balanced`); otherwise the
+        plan allocates one now.
       balanced: allow the balanced schedule (:meth:`schedule`; opt-in, max_batch <= 2**20). Such a plan's
         workspace_bytes also holds max_batch + sched_ctas partial results per row (:attr:`balanced` is
         False, and nothing grows, when the plan cannot balance: 16 heads or fewer, an fp8 cache, several
         head groups, no split variant).
 
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
-    workspace and workspace_bytes (its size, :func:`mla_variants.workspace_size` for max_batch).
+    workspace and workspace_bytes (its size: :func:`mla_variants.workspace_size` for max_batch, or for a
+    plan that balances the larger of that and (max_batch + sched_ctas) * q_len * num_heads * 513 * 4),
+    balanced (whether :meth:`schedule` applies) and sched_ctas (CTAs per query-row block of the
+    schedule: SMs // row blocks; 0 when not balanced).
 
     Raises MLAInputError for bad arguments, VariantNotCompiledError if no compiled variant serves them,
     LibraryNotBuiltError if nothing was built.
@@ -133,8 +137,8 @@ class MLADecodePlan:
 
         seq_lens: int32 [batch] on the plan's device, batch <= max_batch. max_seq_len: the longest
         sequence a block_table row addresses (default: no bound; a larger seq_len counts 0 tiles here and
-        gets NaN in run). Returns False (and changes nothing) when the plan cannot balance: see
-        :attr:`balanced`. The first call for a batch size allocates that size's schedule buffer, so make
+        gets NaN in run). Returns False (and changes nothing) for a balanced=True plan that cannot
+        balance (see :attr:`balanced`). The first call for a batch size allocates that size's schedule buffer, so make
         it before capturing a CUDA graph (a warm-up step does). Raises MLAInputError for a bad seq_lens,
         max_seq_len or overhead_tiles, a plan made without balanced=True, or a first call for a batch
         size during graph capture."""
@@ -193,9 +197,11 @@ class MLADecodePlan:
         device tensor that the kernel reads when it runs (a captured graph follows its value). Returns
         (out, lse).
 
+        After :meth:`schedule`, run launches the balanced schedule and the batch must be the scheduled one.
+
         Raises MLAInputError for any argument mla_decode would reject, for out/lse missing, for a
-        num_heads/page_size/q_len/dtype/kv_dtype other than the plan's, batch > max_batch or another device;
-        RuntimeError with the CUDA error if a launch fails."""
+        num_heads/page_size/q_len/dtype/kv_dtype other than the plan's, batch > max_batch or another device,
+        a batch other than the last schedule()'s; RuntimeError with the CUDA error if a launch fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         if c.batch and self._sched_batch:
             if c.batch != self._sched_batch:
@@ -216,7 +222,8 @@ class MLADecodePlan:
         group, the least host time an eager step can have. The tensors are held (kept alive) by the
         returned object; do not resize or reallocate them while it is in use. Same arguments, shapes and
         errors as :meth:`run`; a float k_scale is fixed at bind time (pass a device tensor to change it
-        between steps); calling the result raises RuntimeError with the CUDA error if a launch fails."""
+        between steps); calling the result raises RuntimeError with the CUDA error if a launch fails. A
+        bound step always runs the uniform split (it does not follow :meth:`schedule`)."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         return BoundDecode(self, c)
 
