@@ -223,7 +223,7 @@ class MLADecodePlan:
         returned object; do not resize or reallocate them while it is in use. Same arguments, shapes and
         errors as :meth:`run`; a float k_scale is fixed at bind time (pass a device tensor to change it
         between steps); calling the result raises RuntimeError with the CUDA error if a launch fails. A
-        bound step always runs the uniform split (it does not follow :meth:`schedule`)."""
+        bound step follows :meth:`schedule` as :meth:`run` does (same batch rule)."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         return BoundDecode(self, c)
 
