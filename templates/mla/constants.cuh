@@ -55,6 +55,11 @@
 #ifndef MLA_SCHED
 #define MLA_SCHED 1
 #endif
+// MLA_KV_L2_HINT (default 0): 1 loads KV tiles (cp.async and TMA) with an L2 evict-first policy
+// (primitives.cuh cp_async_16_zfill_kv / tma_load_3d); Q loads keep the default policy.
+#ifndef MLA_KV_L2_HINT
+#define MLA_KV_L2_HINT 0
+#endif
 #ifndef MLA_FP8_S_FIRST
 #define MLA_FP8_S_FIRST 0
 #endif
