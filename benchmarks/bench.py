@@ -356,10 +356,10 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     if args.balanced:
         # The serving path: a plan, its schedule made once per step (not timed with the layer's call,
         # as the peers' get_mla_metadata / plan are not), then run() per layer.
+        max_keys = inputs["block_table"].shape[1] * page  # what a block_table row addresses
         plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
-                             kv_dtype=inputs["kv_cache"].dtype, max_seq_len=inputs["block_table"].shape[1] * page,
+                             kv_dtype=inputs["kv_cache"].dtype, max_seq_len=max_keys,
                              num_kv_splits=args.num_kv_splits, balanced=True)
-        max_keys = inputs["block_table"].shape[1] * page
         kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
         if plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
             row["num_kv_splits"] = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"  # b66: balanced, u66: uniform cut

@@ -50,11 +50,6 @@
 
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
-// MLA_SCHED (default 1): compile the balanced-schedule path into split variants of the 64-row 16-bit
-// path (kernel.cuh kSchedulable); 0 leaves it out (an A/B of its cost to the uniform path).
-#ifndef MLA_SCHED
-#define MLA_SCHED 1
-#endif
 // MLA_KV_L2_HINT (default 0): 1 loads KV tiles (cp.async and TMA) with an L2 evict-first policy
 // (primitives.cuh cp_async_16_zfill_kv / tma_load_3d); Q loads keep the default policy.
 #ifndef MLA_KV_L2_HINT

@@ -238,7 +238,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 
 // Variants that can run a balanced schedule (schedule.cuh): the 64-row path of 16-bit caches.
 template <class Cache, int NUM_HEADS>
-constexpr bool kSchedulable = MLA_SCHED != 0 && !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
+constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 
 // ---------------------------------------------------------------------------------------------
 // The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
@@ -424,15 +424,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
 
   const MlaDecodeArgs& a = p.a;
-  // A scheduled launch (a.schedule set: balanced schedule, kSchedulable variants only) walks the
-  // schedule's segments instead of one (request, split) per CTA.
-  constexpr bool kSched = SCHED;
+  // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
-  constexpr bool scheduled = kSched;
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
-  if constexpr (!scheduled) w0 = cta_work<PAGE_SIZE>(p);
+  if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
@@ -456,17 +453,15 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
-    if constexpr (kSched) {
-      if (scheduled) {
-        const void* kv_map = nullptr;
+    if constexpr (SCHED) {
+      const void* kv_map = nullptr;
 #if MLA_TMA
-        if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
-          if (p.use_tma) kv_map = &p.kv_map;
-        }
-#endif
-        produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map);
-        return;
+      if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+        if (p.use_tma) kv_map = &p.kv_map;
       }
+#endif
+      produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map);
+      return;
     }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
     if (num_tiles > 0) {
@@ -487,11 +482,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Storage::kMathRegsUsed>();
-  if constexpr (kSched) {
-    if (scheduled) {
-      consume_scheduled<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, s);
-      return;
-    }
+  if constexpr (SCHED) {
+    consume_scheduled<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, s);
+    return;
   }
   const CtaWork w = cta_work<PAGE_SIZE>(p);  // hides behind the wait for Q
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
