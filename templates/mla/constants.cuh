@@ -50,11 +50,6 @@
 
 // MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
-// MLA_KV_L2_HINT (default 0): 1 loads KV tiles (cp.async and TMA) with an L2 evict-first policy
-// (primitives.cuh cp_async_16_zfill_kv / tma_load_3d); Q loads keep the default policy.
-#ifndef MLA_KV_L2_HINT
-#define MLA_KV_L2_HINT 0
-#endif
 #ifndef MLA_FP8_S_FIRST
 #define MLA_FP8_S_FIRST 0
 #endif

@@ -21,22 +21,9 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // Wait for every cp.async this thread issued (the producer commits no groups).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // 16-byte copy that writes zeros and reads nothing when !valid (src must still be a mapped address).
-// L2 evict-first cache policy operand (the encoding CUTLASS names CacheHintSm90::EVICT_FIRST).
-constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
                "r"(valid ? 16 : 0));
-}
-// The same copy for KV cache bytes: with MLA_KV_L2_HINT=1 it carries an L2 evict-first policy (each KV
-// byte is read by the CTAs of one request at about the same time, then never again in the call; FlashMLA
-// loads its KV pages with this hint). Default 0: the plain copy. Not yet measured (docs/perf-notes.md v3.9).
-__device__ __forceinline__ void cp_async_16_zfill_kv(uint32_t smem_addr, const void* gmem, bool valid) {
-#if MLA_KV_L2_HINT
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr), "l"(gmem),
-               "r"(valid ? 16 : 0), "l"(kL2EvictFirst));
-#else
-  cp_async_16_zfill(smem_addr, gmem, valid);
-#endif
 }
 // The mbarrier receives one arrival once all of this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
@@ -105,19 +92,10 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 // smem_dst (1024-byte aligned, so the map's 128-byte swizzle is the one wgmma reads).
 __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tensor_map, uint64_t* bar, int c0,
                                             int c1, int c2) {
-#if MLA_KV_L2_HINT
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
-      ::"r"(smem_dst), "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
-        "l"(kL2EvictFirst)
-      : "memory");
-#else
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
       ::"r"(smem_dst), "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
-#endif
 }
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");

@@ -174,7 +174,7 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
       wait_barrier(&s.kv_empty[slot], empty_parity);
       CUTE_UNROLL
       for (int j = 0; j < kPasses; ++j) {
-        cp_async_16_zfill_kv(stage_dst + uint32_t(c) * 8192u + uint32_t(j) * 2048u,
+        cp_async_16_zfill(stage_dst + uint32_t(c) * 8192u + uint32_t(j) * 2048u,
                           src[j] + (page[j] >= 0 ? c * 128 : 0), page[j] >= 0);
       }
       cp_async_arrive_noinc(&s.kv_full[slot]);
@@ -274,7 +274,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
       wait_barrier(&s.kv_empty[slot], empty_parity);
       CUTE_UNROLL
       for (int j = 0; j < kRows; ++j) {
-        cp_async_16_zfill_kv(stage_dst + uint32_t(c * kSlotBytes + kRowStep * j * kSubTileCols),
+        cp_async_16_zfill(stage_dst + uint32_t(c * kSlotBytes + kRowStep * j * kSubTileCols),
                           src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
       }
       cp_async_arrive_noinc(s.raw_landed(slot));
