@@ -187,7 +187,8 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
                        kind: int | None = None) -> dict:
     """What the schedule kernel (templates/mla/schedule.cu) writes, computed in Python: {"bounds": [(request,
     tile)] * (ctas + 1), "requests": [(tiles, first_cta, first_piece, pieces)] * batch, "kind": 0 balanced /
-    1 uniform-equivalent, "prices": (balanced, uniform) in tiles}. `kind` forces the cut (the kernel prices
+    1 uniform-equivalent, "prices": (balanced, uniform) in tiles, "shared": the requests of several pieces,
+    in order (the combine's list)}. `kind` forces the cut (the kernel prices
     in fp32 and may fuse a multiply-add, so a near-tie can go either way). The GPU test compares the
     kernel's buffer with it; CPU tests check its invariants."""
     batch = len(seq_lens)
@@ -241,4 +242,5 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
         last = last_cta_at(b, tiles[b] - 1) if tiles[b] else first
         requests.append((tiles[b], first, first_piece, last - first + 1))
         first_piece += last - first + 1
-    return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices}
+    shared = [b for b in range(batch) if requests[b][3] > 1]
+    return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared}

@@ -211,6 +211,8 @@ def test_schedule_kernel_matches_the_python_model(seed):
     g = plan.sched_ctas
     assert [tuple(got[2 * c:2 * c + 2]) for c in range(g + 1)] == ref["bounds"]
     assert [tuple(got[2 * (g + 1) + 4 * b:2 * (g + 1) + 4 * b + 4]) for b in range(batch)] == ref["requests"]
+    shared_at = _binding.library().cdll.mla_variants_schedule_kind_offset(batch, g) + 1
+    assert got[shared_at:shared_at + 1 + got[shared_at]] == [len(ref["shared"])] + ref["shared"]
     bal, uni = ref["prices"]
     if abs(bal - 0.95 * uni) > 1e-3 * uni:
         assert kind == int(not bal < 0.95 * uni)

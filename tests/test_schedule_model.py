@@ -38,6 +38,8 @@ def _check_invariants(seq_lens, max_keys, ctas, overhead, splits, kind=None):
     assert all(empty_seen[b] == 1 for b in range(batch) if tiles[b] == 0)
     assert sum(r[3] for r in reqs) <= batch + ctas - 1
     assert [r[2] for r in reqs] == [sum(r[3] for r in reqs[:b]) for b in range(batch)]
+    # The combine's list fits the layout's ctas slots: each shared request lies across an inner bound.
+    assert sch["shared"] == [b for b in range(batch) if reqs[b][3] > 1] and len(sch["shared"]) <= ctas - 1
     return sch
 
 

@@ -15,6 +15,7 @@ namespace mla {
 constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns of its row
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in flight
+constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
 
 // Block-wide max or sum of one float per thread (all threads get the result).
 template <bool kMax>
@@ -33,7 +34,9 @@ __device__ __forceinline__ float combine_reduce(float v, float* scratch) {
   return v;
 }
 
-// Grid: one CTA per (request, query token, head) row; two ways through it, picked per launch:
+// One (request b, query token qi, head h) row, by the whole CTA (every thread calls it with the same
+// row). `row` is the row's workspace index in its first piece, rows_per_split the distance between its
+// pieces. Two ways through it, picked per row:
 // - few splits (<= kCombineUnroll, e.g. large batches split 2-8 ways): every thread reads all the
 //   splits' lse values itself (same address across the CTA: one broadcast transaction) together with
 //   its 4 columns of every split's partial output, all in one round trip with no barrier;
@@ -43,34 +46,9 @@ __device__ __forceinline__ float combine_reduce(float v, float* scratch) {
 //   independent 16-byte loads in flight. The first version looped over the splits one dependent
 //   load after another: 13 us of a 39 us call at 64 splits (docs/perf-notes.md, combine v2).
 template <class Out>
-__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
-  __shared__ float weight[kCombineThreads];
-  __shared__ float scratch[kCombineWarps];
-  const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
-  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-  const int h = int(out_row % a.num_heads);
-  const int qi = int((out_row / a.num_heads) % a.q_len);
-  const int b = int(out_row / rows_per_req);
-  // The row's pieces: uniform split, piece s of request b is s * batch + b; balanced schedule, the
-  // request's pieces are consecutive from its first (schedule.cuh), and a request with one piece was
-  // written to out by its CTA. `row` is the row's workspace index in its first piece, rows_per_split
-  // the distance between its pieces.
-  int64_t row = out_row, rows_per_split = int64_t(a.batch) * rows_per_req;
-  int num_splits = a.num_kv_splits;
-  if (a.schedule != nullptr) {
-    const int32_t* r = ScheduleView{a.schedule, a.sched_ctas}.request(b);
-    num_splits = r[kReqPieces];
-    if (num_splits <= 1) return;
-    row = int64_t(r[kReqFirstPiece]) * rows_per_req + (out_row - int64_t(b) * rows_per_req);
-    rows_per_split = rows_per_req;
-  }
-  const SplitWorkspace ws = split_workspace(a);
-#if MLA_PDL
-  // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
-  // completed and its workspace writes are visible.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-
+__device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace& ws, int b, int qi, int h,
+                                            int64_t row, int64_t rows_per_split, int num_splits, float* weight,
+                                            float* scratch) {
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum = 0.f;
   float max_lse = -INFINITY;
@@ -162,6 +140,56 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   if (threadIdx.x == 0) {
     a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =
         bad ? sum : (sum > 0.f ? max_lse + logf(sum) : -INFINITY);
+  }
+}
+
+// Uniform split. Grid: one CTA per (request, query token, head) row; piece s of request b is
+// s * batch + b.
+template <class Out>
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ float weight[kCombineThreads];
+  __shared__ float scratch[kCombineWarps];
+  const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  const SplitWorkspace ws = split_workspace(a);
+#if MLA_PDL
+  // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
+  // completed and its workspace writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  combine_row<Out>(a, ws, b, qi, h, out_row, int64_t(a.batch) * rows_per_req, a.num_kv_splits, weight, scratch);
+}
+
+// Balanced schedule. Only the requests with several pieces need a combine (the others were written to
+// out by their CTA), and the schedule lists them (schedule.cuh, `shared`): the CTAs stride over that
+// list's rows, so a batch with no shared request costs one wave of CTAs that read the count and
+// leave, instead of one CTA per row of the batch (10 us at 128 requests of 64 heads, perf-notes v3.10).
+// A request's pieces are consecutive from its first. Grid: kCombineCtasPerSm per SM, at most one per row
+// of the most requests that can be shared (launch.cuh).
+template <class Out>
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_combine_scheduled_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ float weight[kCombineThreads];
+  __shared__ float scratch[kCombineWarps];
+  const int32_t* shared_list = a.schedule + schedule_shared_offset(a.batch, a.sched_ctas);
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
+  if (int64_t(blockIdx.x) >= rows) return;
+  const SplitWorkspace ws = split_workspace(a);
+  const ScheduleView sv{a.schedule, a.sched_ctas};
+#if MLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const int j = int(i / rows_per_req);
+    const int64_t in_req = i - int64_t(j) * rows_per_req;  // qi * num_heads + h
+    const int b = shared_list[1 + j];
+    const int32_t* r = sv.request(b);
+    combine_row<Out>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads),
+                     int64_t(r[kReqFirstPiece]) * rows_per_req + in_req, rows_per_req, r[kReqPieces], weight, scratch);
   }
 }
 

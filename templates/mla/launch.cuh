@@ -152,7 +152,17 @@ int launch(const MlaDecodeArgs* args) {
   if (err != cudaSuccess) return int(err);
 
   if (combine) {
-    const int64_t rows = int64_t(a.batch) * a.q_len * a.num_heads;
+    const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+    int64_t rows = int64_t(a.batch) * rows_per_req;
+    auto combine_kernel = mla_combine_kernel<typename CacheTypes<Cache>::Out>;
+    if (scheduled) {
+      // One CTA per row of the most requests that can be shared (schedule.cuh), at most
+      // kCombineCtasPerSm per SM of the decode grid; none when one CTA covers the batch.
+      rows = min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
+                 int64_t(kCombineCtasPerSm) * grid_x);
+      combine_kernel = mla_combine_scheduled_kernel<typename CacheTypes<Cache>::Out>;
+      if (rows == 0) return int(cudaSuccess);
+    }
     if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 #if MLA_PDL
     // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
@@ -168,11 +178,11 @@ int launch(const MlaDecodeArgs* args) {
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    err = cudaLaunchKernelEx(&config, mla_combine_kernel<typename CacheTypes<Cache>::Out>, a);
+    err = cudaLaunchKernelEx(&config, combine_kernel, a);
     if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
 #else
     // A plain launch (docs/perf-notes.md, v3: an early-triggered dependent launch lost up to 18 us).
-    mla_combine_kernel<typename CacheTypes<Cache>::Out><<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
+    combine_kernel<<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
     err = cudaGetLastError();
 #endif
   }

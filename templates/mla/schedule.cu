@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
   } temp;
-  __shared__ int64_t carry;
+  __shared__ int64_t carry, carry_shared;
   __shared__ int use_alt;
   int32_t* bounds = out;
   int32_t* req = out + 2 * (int64_t(ctas) + 1);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
 
   // (3) the CTAs covering request b: from the last c with B_c <= (b, 0) to the last c with
   // B_c <= (b, tiles - 1); every CTA in between covers at least one of its tiles (the bounds inside a
-  // request are distinct tiles).
+  // request are distinct tiles). Requests with several pieces are listed in order for the combine.
   auto last_cta_at = [&](int b, int t) {
     int lo = 0, hi = ctas - 1;
     while (lo < hi) {
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     }
     return lo;
   };
-  if (threadIdx.x == 0) carry = 0;
+  int32_t* shared_list = out + schedule_shared_offset(batch, ctas);
+  if (threadIdx.x == 0) carry = carry_shared = 0;
   __syncthreads();
   for (int base = 0; base < batch; base += kScheduleThreads) {
     const int b = base + int(threadIdx.x);
@@ -169,10 +170,19 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     int64_t excl, sum;
     Scan(temp.scan).ExclusiveSum(pieces, excl, sum);
     if (b < batch) req[4 * b + kReqFirstPiece] = int(carry + excl);
+    const int64_t piece_sum = sum;
     __syncthreads();
-    if (threadIdx.x == 0) carry += sum;
+    const int64_t is_shared = pieces > 1;
+    Scan(temp.scan).ExclusiveSum(is_shared, excl, sum);
+    if (is_shared) shared_list[1 + carry_shared + excl] = b;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      carry += piece_sum;
+      carry_shared += sum;
+    }
     __syncthreads();
   }
+  if (threadIdx.x == 0) shared_list[0] = int(carry_shared);
 }
 
 }  // namespace mla

@@ -20,7 +20,10 @@
 //                         first piece, its number of pieces (1: written directly by that CTA);
 //   cost [batch + 1]      int64 scratch (the cumulative cost), only used while scheduling;
 //   alt [2 (G + 1)]       scratch: the bounds of the uniform-equivalent cut (below);
-//   kind [1]              which cut the schedule holds: 0 balanced, 1 uniform-equivalent.
+//   kind [1]              which cut the schedule holds: 0 balanced, 1 uniform-equivalent;
+//   shared [1 + G]        the number of requests with more than one piece, then those requests in order
+//                         (at most G - 1: each lies across one of the G - 1 inner bounds). The combine
+//                         walks this list, so a batch of unshared requests costs it one small wave.
 // The kernel builds two cuts and keeps the one its cost model prices lower: the balanced cut above,
 // and the uniform-equivalent cut, which gives each CTA k consecutive (request, split) pieces of the
 // uniform split into S splits (k = ceil(batch S / G); the uniform launch's work when batch S <= G).
@@ -53,8 +56,11 @@ __host__ __device__ __forceinline__ int64_t schedule_alt_offset(int batch, int c
 __host__ __device__ __forceinline__ int64_t schedule_kind_offset(int batch, int ctas) {
   return schedule_alt_offset(batch, ctas) + 2 * (int64_t(ctas) + 1);
 }
-__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
+__host__ __device__ __forceinline__ int64_t schedule_shared_offset(int batch, int ctas) {
   return schedule_kind_offset(batch, ctas) + 1;
+}
+__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
+  return schedule_shared_offset(batch, ctas) + 1 + ctas;
 }
 
 struct ScheduleView {
