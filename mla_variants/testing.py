@@ -167,7 +167,7 @@ def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[t
 
 # Mirrors of templates/mla/schedule.cuh's constants (the schedule kernel's cost model).
 SCHEDULE_PIECE_COST = 0.07
-SCHEDULE_BALANCED_MARGIN = 0.95
+SCHEDULE_BALANCED_MARGIN = 0.85
 
 
 def _tiles(n: int) -> int:

@@ -177,19 +177,32 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int32_t* shared_list = a.schedule + schedule_shared_offset(a.batch, a.sched_ctas);
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
   const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
-  if (int64_t(blockIdx.x) >= rows) return;
+  int64_t i = blockIdx.x;
+  if (i >= rows) return;
   const SplitWorkspace ws = split_workspace(a);
   const ScheduleView sv{a.schedule, a.sched_ctas};
+  // The row's request and its pieces; the first row's are read before the wait (the schedule kernel
+  // finished before the decode grid started), so only the partial results wait for the decode grid.
+  auto locate = [&](int64_t row_index, int& b, int64_t& in_req, int64_t& first_row, int& pieces) {
+    const int j = int(row_index / rows_per_req);
+    in_req = row_index - int64_t(j) * rows_per_req;  // qi * num_heads + h
+    b = shared_list[1 + j];
+    const int32_t* r = sv.request(b);
+    first_row = int64_t(r[kReqFirstPiece]) * rows_per_req + in_req;
+    pieces = r[kReqPieces];
+  };
+  int b, pieces;
+  int64_t in_req, first_row;
+  locate(i, b, in_req, first_row, pieces);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
-    const int j = int(i / rows_per_req);
-    const int64_t in_req = i - int64_t(j) * rows_per_req;  // qi * num_heads + h
-    const int b = shared_list[1 + j];
-    const int32_t* r = sv.request(b);
-    combine_row<Out>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads),
-                     int64_t(r[kReqFirstPiece]) * rows_per_req + in_req, rows_per_req, r[kReqPieces], weight, scratch);
+  for (;;) {
+    combine_row<Out>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads), first_row, rows_per_req, pieces,
+                     weight, scratch);
+    i += gridDim.x;
+    if (i >= rows) break;
+    locate(i, b, in_req, first_row, pieces);
   }
 }
 
