@@ -10,8 +10,9 @@ records of each call are read back from the profiler's device timeline:
   lead    : start of the decode kernel - end of the spin kernel before it (launch latency while the
             GPU was busy: what remains of the launch once the host is off the critical path)
   decode  : duration of mla_decode_kernel
-  gap     : start of mla_combine_kernel - end of the decode kernel (split calls only)
-  combine : duration of mla_combine_kernel (split calls only)
+  gap     : start of the combine kernel - end of the decode kernel (split calls only)
+  combine : duration of the combine kernel (mla_combine_kernel, or mla_combine_scheduled_kernel after
+            MLADecodePlan.schedule; split calls only)
   total   : end of the last kernel of the call - end of the spin (comparable to bench.py's cold time)
 
 Medians over the calls are printed, one row per case. The kernel durations come from CUPTI, so they
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
-DECODE, COMBINE = "mla_decode_kernel", "mla_combine_kernel"
+DECODE, COMBINE = "mla_decode_kernel", "mla_combine"  # mla_combine_kernel, mla_combine_scheduled_kernel
 
 
 def split_calls(kernels: list[tuple[str, float, float]]) -> list[dict]:
