@@ -54,6 +54,18 @@ def test_schedule_covers_every_tile_once(seed):
                           rng.choice([1, 2, 4, 64]), kind)
 
 
+def test_small_schedules_exhaustively():
+    """Every length mix of up to 3 requests from lengths around tile edges (empty, invalid, one key, one
+    tile, one tile + 1) on 1-8 CTAs, both cuts: the small-G edge cases (batch < G, repeated bounds)."""
+    import itertools
+    edge = [-1, 0, 1, 64, 65, 129, 640, 1001]
+    for batch in (1, 2, 3):
+        for lens in itertools.product(edge, repeat=batch):
+            for ctas in range(1, 9):
+                for kind in (0, 1):
+                    _check_invariants(list(lens), 1000, ctas, 1 + ctas % 3, 1 + ctas % 4, kind)
+
+
 def test_uniform_cut_reproduces_the_uniform_split():
     """batch * S <= G: CTA c gets exactly split c % S of request c // S (kernel.cuh split_range)."""
     lens, splits, ctas = [1000, 64, 0, 4097, 130], 4, 66

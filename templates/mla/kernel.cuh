@@ -71,7 +71,7 @@ struct DecodeParams {
 
 // Where the split-KV partial results live inside the workspace: one [q_len, num_heads] block of rows
 // per piece. Uniform split: piece split * batch + b; balanced schedule: the pieces schedule.cuh numbers,
-// at most batch + sched_ctas.
+// at most batch + sched_ctas - 1 (the workspace holds batch + sched_ctas).
 struct SplitWorkspace {
   float* o;     // [pieces, q_len, num_heads, 512], already divided by the row sum
   float* lse;   // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key

@@ -138,6 +138,18 @@ int launch(const MlaDecodeArgs* args) {
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
+  // The combine's grid, checked before anything is launched. Uniform split: one CTA per (request,
+  // query token, head) row. Scheduled: one per row of the most requests that can be shared
+  // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
+  // schedule's list); none when one CTA covers the batch.
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int64_t combine_rows =
+      !combine ? 0
+      : scheduled ? min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
+                        int64_t(kCombineCtasPerSm) * grid_x)
+                  : int64_t(a.batch) * rows_per_req;
+  if (combine_rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
+
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
@@ -151,19 +163,10 @@ int launch(const MlaDecodeArgs* args) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 
-  if (combine) {
-    const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-    int64_t rows = int64_t(a.batch) * rows_per_req;
-    auto combine_kernel = mla_combine_kernel<typename CacheTypes<Cache>::Out>;
-    if (scheduled) {
-      // One CTA per row of the most requests that can be shared (schedule.cuh), at most
-      // kCombineCtasPerSm per SM of the decode grid; none when one CTA covers the batch.
-      rows = min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
-                 int64_t(kCombineCtasPerSm) * grid_x);
-      combine_kernel = mla_combine_scheduled_kernel<typename CacheTypes<Cache>::Out>;
-      if (rows == 0) return int(cudaSuccess);
-    }
-    if (rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
+  if (combine_rows > 0) {
+    const int64_t rows = combine_rows;
+    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<typename CacheTypes<Cache>::Out>
+                                    : mla_combine_kernel<typename CacheTypes<Cache>::Out>;
 #if MLA_PDL
     // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
     // it only after their stores (kernel.cuh allow_dependent_launch), so no combine CTA can wait on
