@@ -16,6 +16,8 @@ constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output col
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in flight
 constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
+constexpr int kCombineWarpMaxSplits = 4;  // uniform splits up to this many: one warp per row
+constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
 
 // Block-wide max or sum of one float per thread (all threads get the result).
 template <bool kMax>
@@ -32,6 +34,52 @@ __device__ __forceinline__ float combine_reduce(float v, float* scratch) {
   for (int w = 1; w < kCombineWarps; ++w) v = kMax ? fmaxf(v, scratch[w]) : v + scratch[w];
   __syncthreads();  // scratch is reused by the next reduction
   return v;
+}
+
+// The weights w_s = exp(lse_s - max) of N split results (all 0 when every lse is -inf: no key), their
+// sum, the largest lse, and whether any lse is NaN (a split marked its request invalid; fmaxf ignores a
+// NaN operand, so the flag is kept apart).
+template <int N>
+__device__ __forceinline__ void split_weights(const float (&l)[N], float (&w)[N], float& sum, float& max_lse,
+                                              bool& bad) {
+  CUTE_UNROLL
+  for (int s = 0; s < N; ++s) {
+    bad |= isnan(l[s]);
+    max_lse = fmaxf(max_lse, l[s]);
+  }
+  CUTE_UNROLL
+  for (int s = 0; s < N; ++s) {
+    w[s] = max_lse != -INFINITY ? __expf(l[s] - max_lse) : 0.f;
+    sum += w[s];
+  }
+}
+// acc += w o. A split of weight 0 (no key) is skipped, never multiplied: its partial output is not
+// relied on (its CTA writes zeros today).
+__device__ __forceinline__ void accumulate(float4& acc, float w, const float4& o) {
+  if (w != 0.f) {
+    acc.x += w * o.x;
+    acc.y += w * o.y;
+    acc.z += w * o.z;
+    acc.w += w * o.w;
+  }
+}
+// A row's result: out = acc / sum (0 when no key), lse = max + log(sum) (-inf when no key); NaN for both
+// when a split marked the request invalid. `lane0` stores the lse.
+template <class Out>
+__device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, int qi, int h, int col, float4 acc,
+                                               float sum, float max_lse, bool bad, bool lane0) {
+  float inv = sum > 0.f ? 1.f / sum : 0.f;
+  if (bad) inv = sum = __int_as_float(0x7fc00000);
+  Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+             int64_t(h) * a.out_stride_head + col;
+  uint2 packed;
+  packed.x = pack2<Out>(acc.x * inv, acc.y * inv);
+  packed.y = pack2<Out>(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(dst) = packed;
+  if (lane0) {
+    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =
+        bad ? sum : (sum > 0.f ? max_lse + logf(sum) : -INFINITY);
+  }
 }
 
 // One (request b, query token qi, head h) row, by the whole CTA (every thread calls it with the same
@@ -65,24 +113,10 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
       // below, never multiplied by 0: its CTA writes zeros today, but the combine does not rely on it.
       o[s] = s < num_splits ? *reinterpret_cast<const float4*>(o_row + s * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float w[kCombineUnroll];
+    split_weights(l, w, sum, max_lse, bad);
     CUTE_UNROLL
-    for (int s = 0; s < kCombineUnroll; ++s) {
-      bad |= isnan(l[s]);
-      max_lse = fmaxf(max_lse, l[s]);
-    }
-    if (max_lse != -INFINITY) {
-      CUTE_UNROLL
-      for (int s = 0; s < kCombineUnroll; ++s) {
-        const float w = __expf(l[s] - max_lse);
-        if (w != 0.f) {
-          sum += w;
-          acc.x += w * o[s].x;
-          acc.y += w * o[s].y;
-          acc.z += w * o[s].z;
-          acc.w += w * o[s].w;
-        }
-      }
-    }
+    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], o[s]);
   } else {
     // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
     // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
@@ -129,17 +163,51 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
     }
     sum = combine_reduce<false>(sum, scratch);  // each thread summed the weights it staged
   }
-  float inv = sum > 0.f ? 1.f / sum : 0.f;
-  if (bad) inv = sum = __int_as_float(0x7fc00000);
-  Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
-                 int64_t(h) * a.out_stride_head + threadIdx.x * 4;
-  uint2 packed;
-  packed.x = pack2<Out>(acc.x * inv, acc.y * inv);
-  packed.y = pack2<Out>(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(dst) = packed;
-  if (threadIdx.x == 0) {
-    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =
-        bad ? sum : (sum > 0.f ? max_lse + logf(sum) : -INFINITY);
+  store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
+}
+
+// Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA.
+// The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads), so at
+// 2 splits its 4096 rows at 128 x 32 x 1024 take ~6 rounds of loads (10.9 us measured for 16.8 MB of
+// partials, perf-notes v3.7); a warp per row with S compile-time keeps S x 16 float4 loads in flight per
+// lane and several times the rows per SM. Lane j owns columns j * 4 + 128 k (k < 4): every load and
+// store instruction of the warp covers 512 (or 256) contiguous bytes.
+template <class Out, int S>
+__global__ void __launch_bounds__(32 * kCombineWarpRows)
+    mla_combine_warp_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
+  const int64_t out_row = int64_t(blockIdx.x) * kCombineWarpRows + threadIdx.x / 32;  // (b q_len + qi) heads + h
+  const int lane = int(threadIdx.x % 32);
+  if (out_row >= rows_per_split) return;
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  const SplitWorkspace ws = split_workspace(a);
+#if MLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  constexpr int kChunks = kHeadDimV / 128;  // float4 column groups per lane
+  float l[S];
+  float4 o[S][kChunks];
+  CUTE_UNROLL
+  for (int s = 0; s < S; ++s) {
+    const int64_t row = s * rows_per_split + out_row;
+    l[s] = ws.lse[row];
+    const float* o_row = ws.o + row * kHeadDimV + lane * 4;
+    CUTE_UNROLL
+    for (int k = 0; k < kChunks; ++k) o[s][k] = *reinterpret_cast<const float4*>(o_row + k * 128);
+  }
+  float w[S];
+  float sum = 0.f, max_lse = -INFINITY;
+  bool bad = false;
+  split_weights(l, w, sum, max_lse, bad);
+  CUTE_UNROLL
+  for (int k = 0; k < kChunks; ++k) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    CUTE_UNROLL
+    for (int s = 0; s < S; ++s) accumulate(acc, w[s], o[s][k]);
+    store_combined<Out>(a, b, qi, h, k * 128 + lane * 4, acc, sum, max_lse, bad, lane == 0 && k == 0);
   }
 }
 

@@ -164,16 +164,25 @@ int launch(const MlaDecodeArgs* args) {
   if (err != cudaSuccess) return int(err);
 
   if (combine_rows > 0) {
-    const int64_t rows = combine_rows;
-    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<typename CacheTypes<Cache>::Out>
-                                    : mla_combine_kernel<typename CacheTypes<Cache>::Out>;
+    using Out = typename CacheTypes<Cache>::Out;
+    int64_t rows = combine_rows;
+    unsigned threads = kCombineThreads;
+    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out> : mla_combine_kernel<Out>;
+    if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
+      static_assert(kCombineWarpMaxSplits == 4, "one instantiation per split count below");
+      combine_kernel = a.num_kv_splits == 2   ? mla_combine_warp_kernel<Out, 2>
+                       : a.num_kv_splits == 3 ? mla_combine_warp_kernel<Out, 3>
+                                              : mla_combine_warp_kernel<Out, 4>;
+      rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
+      threads = 32 * kCombineWarpRows;
+    }
 #if MLA_PDL
     // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
     // it only after their stores (kernel.cuh allow_dependent_launch), so no combine CTA can wait on
     // an SM that a decode CTA still needs, and the combine waits for the whole grid (combine.cuh).
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(rows), 1, 1);
-    config.blockDim = dim3(kCombineThreads, 1, 1);
+    config.blockDim = dim3(threads, 1, 1);
     config.dynamicSmemBytes = 0;
     config.stream = stream;
     cudaLaunchAttribute attribute[1];
@@ -185,7 +194,7 @@ int launch(const MlaDecodeArgs* args) {
     if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
 #else
     // A plain launch (docs/perf-notes.md, v3: an early-triggered dependent launch lost up to 18 us).
-    combine_kernel<<<unsigned(rows), kCombineThreads, 0, stream>>>(a);
+    combine_kernel<<<unsigned(rows), threads, 0, stream>>>(a);
     err = cudaGetLastError();
 #endif
   }
