@@ -85,7 +85,7 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 // One (request b, query token qi, head h) row, by the whole CTA (every thread calls it with the same
 // row). `row` is the row's workspace index in its first piece, rows_per_split the distance between its
 // pieces. Two ways through it, picked per row:
-// - few splits (<= kCombineUnroll: uniform splits of 5-8, scheduled requests of 2-8 pieces): every thread reads all the
+// - few splits (<= kCombineUnroll: scheduled requests of 2-8 pieces): every thread reads all the
 //   splits' lse values itself (same address across the CTA: one broadcast transaction) together with
 //   its 4 columns of every split's partial output, all in one round trip with no barrier;
 // - more splits: the splits' lse values are read in parallel (split s by thread s %

@@ -139,7 +139,7 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   // The combine's grid, checked before anything is launched. Uniform split: one CTA per (request,
-  // query token, head) row (2-4 splits: one warp per row, kCombineWarpRows rows per CTA, below). Scheduled: one per row of the most requests that can be shared
+  // query token, head) row (2-8 splits: one warp per row, kCombineWarpRows rows per CTA, below). Scheduled: one per row of the most requests that can be shared
   // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
   // schedule's list); none when one CTA covers the batch.
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
