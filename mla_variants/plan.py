@@ -14,7 +14,7 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
+from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
                   _check_workspace, _choose, _current_stream, _fail, _launch, _pack, _sm_count, _validate,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
@@ -107,8 +107,9 @@ class MLADecodePlan:
                 m_blocks = -(-sl[0].key[0] * q_len // BLOCK_M)
                 self._sched_launches = sl
                 self.sched_ctas = max(1, _sm_count(self.device.index) // m_blocks)
-                pieces = max_batch + self.sched_ctas
-                self.workspace_bytes = max(self.workspace_bytes, pieces * q_len * num_heads * (KV_LORA_RANK + 1) * 4)
+                # max_batch + sched_ctas pieces of partial results per row (workspace_size's per-split size).
+                self.workspace_bytes = max(self.workspace_bytes,
+                                           workspace_size(1, num_heads, q_len, max_batch + self.sched_ctas))
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
         else:
@@ -162,7 +163,7 @@ class MLADecodePlan:
         buf = self._schedules.get(batch)
         if buf is None:
             if torch.cuda.is_current_stream_capturing():
-                _fail("seq_lens", f"a batch size scheduled once before graph capture (its buffer is allocated then)",
+                _fail("seq_lens", "a batch size scheduled once before graph capture (its buffer is allocated then)",
                       f"a first schedule() for batch {batch} during capture")
             n = _binding.library().cdll.mla_variants_schedule_ints(batch, self.sched_ctas)
             buf = self._schedules[batch] = torch.zeros(n, dtype=torch.int32, device=self.device)
@@ -177,6 +178,12 @@ class MLADecodePlan:
             lib.raise_for(code, "the balanced schedule kernel")
         self._sched_batch = batch
         return True
+
+    def _check_scheduled_batch(self, batch: int) -> None:
+        """A step after schedule() must have the scheduled batch (its schedule buffer describes that batch)."""
+        if batch != self._sched_batch:
+            _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
+                  f"{batch} requests: call schedule(seq_lens) for this step first")
 
     def scheduled_cut(self) -> str | None:
         """Which cut the last :meth:`schedule` kept: "balanced" or "uniform" (the uniform split on the
@@ -204,9 +211,7 @@ class MLADecodePlan:
         a batch other than the last schedule()'s; RuntimeError with the CUDA error if a launch fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         if c.batch and self._sched_batch:
-            if c.batch != self._sched_batch:
-                _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
-                      f"{c.batch} requests: call schedule(seq_lens) for this step first")
+            self._check_scheduled_batch(c.batch)
             _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
                     self._schedules[c.batch].data_ptr(), self.sched_ctas)
         elif c.batch:
@@ -274,9 +279,7 @@ class BoundDecode:
         tail = _STREAM.pack(_current_stream(self._device))
         launches = self._launches
         if self._batch and self.plan._sched_batch:
-            if self.plan._sched_batch != self._batch:
-                _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self.plan._sched_batch} requests)",
-                      f"{self._batch} requests (this bound step's): call schedule(seq_lens) for this step first")
+            self.plan._check_scheduled_batch(self._batch)
             if self._sched_launches is None:
                 plan = self.plan
                 packed = _pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,

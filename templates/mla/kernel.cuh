@@ -218,6 +218,13 @@ struct CtaWork {
   int b, m_block, split, seq_len, kv_begin, kv_end, num_tiles;
   bool bad_len;
 };
+// Request b's seq_len, or 0 with bad_len set when block_table cannot address it (or it is negative).
+template <int PAGE_SIZE>
+__device__ __forceinline__ int checked_seq_len(const MlaDecodeArgs& a, int b, bool& bad_len) {
+  const int raw_len = a.seq_lens[b];
+  bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
+  return bad_len ? 0 : raw_len;
+}
 template <int PAGE_SIZE>
 __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   const MlaDecodeArgs& a = p.a;
@@ -228,9 +235,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   w.m_block = int(cx) % p.num_m_blocks;
   w.b = int(cx) / p.num_m_blocks;
   w.split = int(cy);
-  const int raw_len = a.seq_lens[w.b];
-  w.bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
-  w.seq_len = w.bad_len ? 0 : raw_len;
+  w.seq_len = checked_seq_len<PAGE_SIZE>(a, w.b, w.bad_len);
   split_range(w.seq_len, a.num_kv_splits, w.split, w.kv_begin, w.kv_end);
   w.num_tiles = tiles_of(w.kv_end - w.kv_begin);
   return w;
@@ -326,9 +331,7 @@ __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, i
   CtaWork w;
   w.b = b;
   w.m_block = m_block;
-  const int raw_len = a.seq_lens[b];
-  w.bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
-  w.seq_len = w.bad_len ? 0 : raw_len;
+  w.seq_len = checked_seq_len<PAGE_SIZE>(a, b, w.bad_len);
   if (tiles_of(w.seq_len) != sched_tiles) w.bad_len = true;
   if (w.bad_len) w.seq_len = 0;
   const int t1 = b == end_b ? end_t : sched_tiles;
