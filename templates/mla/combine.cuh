@@ -16,7 +16,7 @@ constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output col
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in flight
 constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
-constexpr int kCombineWarpMaxSplits = 4;  // uniform splits up to this many: one warp per row
+constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
 
 // Block-wide max or sum of one float per thread (all threads get the result).
@@ -85,7 +85,7 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 // One (request b, query token qi, head h) row, by the whole CTA (every thread calls it with the same
 // row). `row` is the row's workspace index in its first piece, rows_per_split the distance between its
 // pieces. Two ways through it, picked per row:
-// - few splits (<= kCombineUnroll: uniform splits of 5-8, scheduled requests of 2-8 pieces): every thread reads all the
+// - few splits (<= kCombineUnroll: scheduled requests of 2-8 pieces): every thread reads all the
 //   splits' lse values itself (same address across the CTA: one broadcast transaction) together with
 //   its 4 columns of every split's partial output, all in one round trip with no barrier;
 // - more splits: the splits' lse values are read in parallel (split s by thread s %
@@ -166,7 +166,8 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
 }
 
-// Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA.
+// Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA
+// (next/combine-warp8: 5-8 splits as well, at up to ~150 registers; not yet measured).
 // The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads), so at
 // 2 splits its 4096 rows at 128 x 32 x 1024 take ~6 rounds of loads (10.9 us measured for 16.8 MB of
 // partials, perf-notes v3.7); a warp per row with S compile-time keeps S x 16 float4 loads in flight per

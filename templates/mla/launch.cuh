@@ -139,7 +139,7 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   // The combine's grid, checked before anything is launched. Uniform split: one CTA per (request,
-  // query token, head) row (2-4 splits: one warp per row, kCombineWarpRows rows per CTA, below). Scheduled: one per row of the most requests that can be shared
+  // query token, head) row (2-8 splits: one warp per row, kCombineWarpRows rows per CTA, below). Scheduled: one per row of the most requests that can be shared
   // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
   // schedule's list); none when one CTA covers the batch.
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
@@ -169,10 +169,16 @@ int launch(const MlaDecodeArgs* args) {
     unsigned threads = kCombineThreads;
     auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out> : mla_combine_kernel<Out>;
     if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
-      static_assert(kCombineWarpMaxSplits == 4, "one instantiation per split count below");
-      combine_kernel = a.num_kv_splits == 2   ? mla_combine_warp_kernel<Out, 2>
-                       : a.num_kv_splits == 3 ? mla_combine_warp_kernel<Out, 3>
-                                              : mla_combine_warp_kernel<Out, 4>;
+      static_assert(kCombineWarpMaxSplits == 8, "one instantiation per split count below");
+      switch (a.num_kv_splits) {
+        case 2: combine_kernel = mla_combine_warp_kernel<Out, 2>; break;
+        case 3: combine_kernel = mla_combine_warp_kernel<Out, 3>; break;
+        case 4: combine_kernel = mla_combine_warp_kernel<Out, 4>; break;
+        case 5: combine_kernel = mla_combine_warp_kernel<Out, 5>; break;
+        case 6: combine_kernel = mla_combine_warp_kernel<Out, 6>; break;
+        case 7: combine_kernel = mla_combine_warp_kernel<Out, 7>; break;
+        default: combine_kernel = mla_combine_warp_kernel<Out, 8>; break;
+      }
       rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
       threads = 32 * kCombineWarpRows;
     }
