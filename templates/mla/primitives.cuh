@@ -88,6 +88,10 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
+// `count` arrivals at once (the TMA producer thread arrives for the whole producer warpgroup).
+__device__ __forceinline__ void arrive_barrier_count(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
 // Box {64 columns, 64 tokens, 1 page} at coordinates (c0, c1, c2) into 8 KiB of shared memory at
 // smem_dst (1024-byte aligned, so the map's 128-byte swizzle is the one wgmma reads).
 __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tensor_map, uint64_t* bar, int c0,

@@ -88,12 +88,17 @@ constexpr bool kTmaPages =
 // whose pages are looked up one tile ahead. Rows past kv_end are zero-filled (zeros, so 0 * V never
 // meets a NaN left in an unused cache slot).
 //
-// With kTmaPages and a tensor map (kv_map != nullptr: the host encoded one), a full tile (all 64
-// tokens < kv_end) is loaded by TMA instead: thread 0, whose row-0 page is the tile's page, announces
-// 8 KiB on the slot's full barrier (arrive.expect_tx) and issues the sub-tile's box; the other 127
-// threads arrive plainly, so the barrier keeps its 128 arrivals on either path. Every thread still
-// waits for the slot's empty barrier first: an arrival made before the slot's previous use had
-// completed would count toward that use's phase. The tile that holds kv_end keeps the cp.async path,
+// With kTmaPages and a tensor map (kv_map != nullptr: the host encoded one), the full tiles (all 64
+// tokens < kv_end: every tile but possibly the last) are loaded by TMA instead, by producer thread 0
+// alone (warp 0 waits for each slot's empty barrier together, so that it reaches the named barrier
+// below converged): per slot thread 0 announces 8 KiB on the slot's full barrier (arrive.expect_tx),
+// issues the sub-tile's box and arrives for the other 127 producer threads too (arrive with a count),
+// so the full barrier keeps its 128 arrivals on both paths. Warps 1-3 wait at a named barrier of the
+// producer warpgroup (kBarProducer) meanwhile, instead of polling nine empty barriers per tile, and
+// then all four warps copy the last tile if it is partial. They never run
+// more than one phase ahead of a barrier: thread 0 waited for the release of tile T - 4 before issuing
+// tile T - 2 in the same stage, so the phase a last tile T waits for (the release of T - 2) is the
+// next one. The tile that holds kv_end keeps the cp.async path,
 // whose zero fill keeps whatever lies past seq_len (possibly NaN) out of shared memory. TMA writes
 // the same bytes as the cp.async path: the map's 128-byte swizzle puts 16-byte chunk j of token row r
 // at chunk j ^ (r % 8) of the row's 128 bytes in each 1024-byte group of 8 rows (the slot is 1024-byte
@@ -101,6 +106,8 @@ constexpr bool kTmaPages =
 //
 // Storage: SharedStorage<Element> (64 query rows) or SharedStorageSt<Element, kRows> (transposed
 // path): only Q's row count differs, the KV ring and its barriers are the same.
+constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
+
 template <class Element, int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                         int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map,
@@ -130,35 +137,46 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
       pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
-  lookup(0, page);
-  for (int t = 0; t < num_tiles; ++t) {
+  // The first use of a slot does not wait; phases (a scheduled CTA's later segment): the parity of
+  // each stage's first use in this segment.
+  auto empty_parity_of = [&](int t) { return (((t / kStages) ^ (phases >> (t % kStages))) & 1) ^ 1; };
+  int first_copied = 0;  // tiles before it went by TMA
+  if constexpr (kTma) {
+    if (kv_map != nullptr) {
+      const int full_tiles = (kv_end - kv_begin) / kBlockN;  // every tile but a partial last one
+      if (ptid < 32) {  // warp 0 waits (converged); its lane 0 issues
+        // This tile's page (a tile is the 64 tokens at offset tile_start % PAGE_SIZE of one page),
+        // looked up one tile ahead.
+        int32_t pg = full_tiles > 0 ? table[kv_begin / PAGE_SIZE] : 0;
+        for (int t = 0; t < full_tiles; ++t) {
+          const int tile_start = kv_begin + t * kBlockN;
+          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
+          const int stage = t % kStages;
+          const uint32_t stage_base = smem_u32(s.kv[stage]);
+          CUTE_UNROLL
+          for (int c = 0; c < kSubTiles; ++c) {
+            const int slot = stage * kSubTiles + c;
+            wait_barrier(&s.kv_empty[slot], empty_parity_of(t));
+            if (ptid == 0) {
+              arrive_expect_tx(&s.kv_full[slot], uint32_t(kBlockN * kSubTileCols * sizeof(Element)));
+              tma_load_3d(stage_base + uint32_t(c) * 8192u, kv_map, &s.kv_full[slot], c * kSubTileCols,
+                          tile_start % PAGE_SIZE, pg);
+              arrive_barrier_count(&s.kv_full[slot], kProducerThreads - 1);
+            }
+            __syncwarp();
+          }
+          pg = next_pg;
+        }
+      }
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");
+      first_copied = full_tiles;
+    }
+  }
+  if (first_copied < num_tiles) lookup(first_copied, page);
+  for (int t = first_copied; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
     const int stage = t % kStages;
-    // The first use of a slot does not wait; phases (a scheduled CTA's later segment): the parity of
-    // each stage's first use in this segment.
-    const int empty_parity = (((t / kStages) ^ (phases >> stage)) & 1) ^ 1;
-    if constexpr (kTma) {
-      const int tile_start = kv_begin + t * kBlockN;
-      if (kv_map != nullptr && kv_end - tile_start >= kBlockN) {  // no int overflow near INT_MAX
-        // page[0] of thread 0 is table[tile_start / PAGE_SIZE] (row n0 + 16 * 0 = 0 of the tile).
-        const uint32_t stage_base = smem_u32(s.kv[stage]);
-        CUTE_UNROLL
-        for (int c = 0; c < kSubTiles; ++c) {
-          const int slot = stage * kSubTiles + c;
-          wait_barrier(&s.kv_empty[slot], empty_parity);
-          if (ptid == 0) {
-            arrive_expect_tx(&s.kv_full[slot], uint32_t(kBlockN * kSubTileCols * sizeof(Element)));
-            tma_load_3d(stage_base + uint32_t(c) * 8192u, kv_map, &s.kv_full[slot], c * kSubTileCols,
-                        tile_start % PAGE_SIZE, page[0]);
-          } else {
-            arrive_barrier(&s.kv_full[slot]);
-          }
-        }
-        CUTE_UNROLL
-        for (int j = 0; j < kPasses; ++j) page[j] = next_page[j];
-        continue;
-      }
-    }
+    const int empty_parity = empty_parity_of(t);
     const char* src[kPasses];
     CUTE_UNROLL
     for (int j = 0; j < kPasses; ++j) {
@@ -374,7 +392,6 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
   return blk + 16 * t + 4 * j + 2 * hi + e;
 }
 
-constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
 
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
