@@ -18,7 +18,8 @@ constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in 
 constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
 constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
-constexpr int kCombineWideCols = 128;     // more uniform splits: columns per CTA (a float4 per lane)
+constexpr int kCombineWideMinSplits = 32; // uniform splits from this many: 4 CTAs per row (below)
+constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (a float4 per lane)
 constexpr int kCombineWideGroups = kHeadDimV / kCombineWideCols;  // 4 CTAs per row
 constexpr int kCombineWideWarps = 8;      // warps per CTA, each summing every 8th split
 
@@ -215,14 +216,16 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   }
 }
 
-// Uniform split into more than kCombineWarpMaxSplits splits (batch 1-8 with long sequences: 16-64
-// splits over few rows). The one-CTA-per-row combine reads 8 splits per round trip, so a 16-row call
-// with 64 splits ran 16 CTAs through 8 dependent rounds (5.8 us at 16 x 1 x 4096, perf-notes v3.7).
-// Here a row is cut into kCombineWideGroups column groups of 128, one CTA each, and the CTA's 8 warps
-// take every 8th split, lane j owning 4 columns (each warp load: 512 contiguous bytes), with
-// kCombineUnroll splits' loads in flight per lane: 64 splits in one round trip, on 4x the CTAs. The
-// largest lse comes first (a block-wide max over all splits' lse); the warps' weighted sums then meet
-// in shared memory, and warp 0 stores. Grid: rows x kCombineWideGroups CTAs of 256 threads.
+// Uniform split into kCombineWideMinSplits splits or more (batch 1 with long sequences: 32-64 splits
+// over 16-128 rows). The one-CTA-per-row combine reads 8 splits per round trip, so a 16-row call with
+// 64 splits ran 16 CTAs through 8 dependent rounds. Here a row is cut into kCombineWideGroups column
+// groups of 128, one CTA each, and the CTA's 8 warps take every 8th split, lane j owning 4 columns
+// (each warp load: 512 contiguous bytes), with kCombineUnroll splits' loads in flight per lane: 64
+// splits in one round trip, on 4x the CTAs. The largest lse comes first (a block-wide max over all
+// splits' lse); the warps' weighted sums then meet in shared memory, and warp 0 stores. Grid: rows x
+// kCombineWideGroups CTAs of 256 threads. Measured (perf-notes v3.11): 2.5-3.3 us off every batch-1
+// call with 64 splits, 0.7-1.6 us off most with 32; 2-12 us slower with 16 splits at batch 8 (128-512
+// rows, two splits per warp), which keep the CTA-per-row combine, hence the 32-split threshold.
 template <class Out>
 __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
     mla_combine_wide_kernel(const __grid_constant__ MlaDecodeArgs a) {
@@ -310,6 +313,26 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
     }
     store_combined<Out>(a, b, qi, h, col, acc, sum, max_lse, bad, lane == 0 && group == 0);
   }
+}
+
+// Uniform split into kCombineWarpMaxSplits + 1 .. kCombineWideMinSplits - 1 splits. Grid: one CTA
+// per (request, query token, head) row; piece s of request b is s * batch + b.
+template <class Out>
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ float weight[kCombineThreads];
+  __shared__ float scratch[kCombineWarps];
+  const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  const SplitWorkspace ws = split_workspace(a);
+#if MLA_PDL
+  // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
+  // completed and its workspace writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  combine_row<Out>(a, ws, b, qi, h, out_row, int64_t(a.batch) * rows_per_req, a.num_kv_splits, weight, scratch);
 }
 
 // Balanced schedule. Only the requests with several pieces need a combine (the others were written to

@@ -139,8 +139,8 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   // The combine's grid, checked before anything is launched. Uniform split: per (request, query
-  // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), kCombineWideGroups
-  // CTAs for more (below). Scheduled: one CTA per row of the most requests that can be shared
+  // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), one CTA for 9-31,
+  // kCombineWideGroups CTAs for 32 or more (below). Scheduled: one CTA per row of the most requests that can be shared
   // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
   // schedule's list); none when one CTA covers the batch.
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
@@ -149,7 +149,7 @@ int launch(const MlaDecodeArgs* args) {
       : scheduled ? min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
                         int64_t(kCombineCtasPerSm) * grid_x)
                   : int64_t(a.batch) * rows_per_req;
-  const bool wide_combine = !scheduled && a.num_kv_splits > kCombineWarpMaxSplits;
+  const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
@@ -169,7 +169,7 @@ int launch(const MlaDecodeArgs* args) {
     using Out = typename CacheTypes<Cache>::Out;
     int64_t rows = combine_rows;
     unsigned threads = kCombineThreads;
-    auto combine_kernel = mla_combine_scheduled_kernel<Out>;  // uniform splits: one of the two below
+    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out> : mla_combine_kernel<Out>;
     if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
       static_assert(kCombineWarpMaxSplits == 8, "one instantiation per split count below");
       switch (a.num_kv_splits) {
