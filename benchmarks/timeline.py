@@ -11,7 +11,7 @@ records of each call are read back from the profiler's device timeline:
             GPU was busy: what remains of the launch once the host is off the critical path)
   decode  : duration of mla_decode_kernel
   gap     : start of the combine kernel - end of the decode kernel (split calls only)
-  combine : duration of the combine kernel (mla_combine_kernel, or mla_combine_scheduled_kernel after
+  combine : duration of the combine kernel (mla_combine_warp_kernel or mla_combine_wide_kernel, or mla_combine_scheduled_kernel after
             MLADecodePlan.schedule; split calls only)
   total   : end of the last kernel of the call - end of the spin (comparable to bench.py's cold time)
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
-DECODE, COMBINE = "mla_decode_kernel", "mla_combine"  # mla_combine_kernel, mla_combine_scheduled_kernel
+DECODE, COMBINE = "mla_decode_kernel", "mla_combine"  # mla_combine_{warp,wide,scheduled}_kernel
 
 
 def split_calls(kernels: list[tuple[str, float, float]]) -> list[dict]:

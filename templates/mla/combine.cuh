@@ -18,6 +18,10 @@ constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in 
 constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
 constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
+constexpr int kCombineWideMinSplits = 32; // uniform splits from this many: 4 CTAs per row (below)
+constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (a float4 per lane)
+constexpr int kCombineWideGroups = kHeadDimV / kCombineWideCols;  // 4 CTAs per row
+constexpr int kCombineWideWarps = 8;      // warps per CTA, each summing every 8th split
 
 // Block-wide max or sum of one float per thread (all threads get the result).
 template <bool kMax>
@@ -167,7 +171,7 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
 }
 
 // Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA
-// (next/combine-warp8: 5-8 splits as well, at up to ~150 registers; not yet measured).
+// (5-8 splits since v3.11, at up to 139 registers).
 // The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads), so at
 // 2 splits its 4096 rows at 128 x 32 x 1024 take ~6 rounds of loads (10.9 us measured for 16.8 MB of
 // partials, perf-notes v3.7); a warp per row with S compile-time keeps S x 16 float4 loads in flight per
@@ -212,8 +216,107 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   }
 }
 
-// Uniform split. Grid: one CTA per (request, query token, head) row; piece s of request b is
-// s * batch + b.
+// Uniform split into kCombineWideMinSplits splits or more (batch 1 with long sequences: 32-64 splits
+// over 16-128 rows). The one-CTA-per-row combine reads 8 splits per round trip, so a 16-row call with
+// 64 splits ran 16 CTAs through 8 dependent rounds. Here a row is cut into kCombineWideGroups column
+// groups of 128, one CTA each, and the CTA's 8 warps take every 8th split, lane j owning 4 columns
+// (each warp load: 512 contiguous bytes), with kCombineUnroll splits' loads in flight per lane: 64
+// splits in one round trip, on 4x the CTAs. The largest lse comes first (a block-wide max over all
+// splits' lse); the warps' weighted sums then meet in shared memory, and warp 0 stores. Grid: rows x
+// kCombineWideGroups CTAs of 256 threads. Measured (perf-notes v3.11): 2.5-3.3 us off every batch-1
+// call with 64 splits, 0.7-1.6 us off most with 32; 2-12 us slower with 16 splits at batch 8 (128-512
+// rows, two splits per warp), which keep the CTA-per-row combine, hence the 32-split threshold.
+template <class Out>
+__global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
+    mla_combine_wide_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ float4 part[kCombineWideWarps][32];
+  __shared__ float warp_max[kCombineWideWarps];
+  __shared__ float warp_sum[kCombineWideWarps];
+  __shared__ int warp_bad[kCombineWideWarps];
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
+  const int64_t out_row = int64_t(blockIdx.x) / kCombineWideGroups;  // (b q_len + qi) heads + h
+  const int group = int(blockIdx.x % kCombineWideGroups);
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int num_splits = a.num_kv_splits;
+  const int col = group * kCombineWideCols + lane * 4;
+  const SplitWorkspace ws = split_workspace(a);
+#if MLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  // The largest lse of the row, and whether any split marked the request invalid (NaN lse).
+  float max_lse = -INFINITY;
+  bool bad = false;
+  for (int s = int(threadIdx.x); s < num_splits; s += 32 * kCombineWideWarps) {
+    const float l = ws.lse[s * rows_per_split + out_row];
+    bad |= isnan(l);
+    max_lse = fmaxf(max_lse, l);
+  }
+  CUTE_UNROLL
+  for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, d));
+  bad = __any_sync(0xffffffff, bad);
+  if (lane == 0) {
+    warp_max[warp] = max_lse;
+    warp_bad[warp] = bad;
+  }
+  __syncthreads();
+  CUTE_UNROLL
+  for (int w = 0; w < kCombineWideWarps; ++w) {
+    max_lse = fmaxf(max_lse, warp_max[w]);
+    bad |= warp_bad[w] != 0;
+  }
+  // This warp's splits warp + 8 i: sum_s w_s o_s over its 4 columns and sum_s w_s, w_s = exp(lse_s - max).
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum = 0.f;
+  for (int first = warp; first < num_splits; first += kCombineWideWarps * kCombineUnroll) {
+    float l[kCombineUnroll];
+    float4 o[kCombineUnroll];
+    CUTE_UNROLL
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = first + u * kCombineWideWarps;
+      // Past the last split: split `warp`'s row is read again and weighs 0. The loads are
+      // unconditional, and the launch bounds allow 128 registers (with 256 threads alone ptxas kept 32
+      // and sank every load next to its use), so all of them are in flight before the first weight.
+      const int64_t row = int64_t(s < num_splits ? s : warp) * rows_per_split + out_row;
+      l[u] = ws.lse[row];
+      o[u] = *reinterpret_cast<const float4*>(ws.o + row * kHeadDimV + col);
+      if (s >= num_splits) l[u] = -INFINITY;
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const float w = max_lse != -INFINITY ? __expf(l[u] - max_lse) : 0.f;
+      sum += w;
+      // A split of weight 0 (no key, or past the last) adds exactly 0 whatever its partial holds.
+      acc.x += w != 0.f ? w * o[u].x : 0.f;
+      acc.y += w != 0.f ? w * o[u].y : 0.f;
+      acc.z += w != 0.f ? w * o[u].z : 0.f;
+      acc.w += w != 0.f ? w * o[u].w : 0.f;
+    }
+  }
+  part[warp][lane] = acc;
+  if (lane == 0) warp_sum[warp] = sum;  // every lane of a warp summed the same weights
+  __syncthreads();
+  if (warp == 0) {
+    acc = part[0][lane];
+    sum = warp_sum[0];
+    CUTE_UNROLL
+    for (int w = 1; w < kCombineWideWarps; ++w) {
+      const float4 v = part[w][lane];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+      sum += warp_sum[w];
+    }
+    store_combined<Out>(a, b, qi, h, col, acc, sum, max_lse, bad, lane == 0 && group == 0);
+  }
+}
+
+// Uniform split into kCombineWarpMaxSplits + 1 .. kCombineWideMinSplits - 1 splits. Grid: one CTA
+// per (request, query token, head) row; piece s of request b is s * batch + b.
 template <class Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
   __shared__ float weight[kCombineThreads];

@@ -138,8 +138,9 @@ int launch(const MlaDecodeArgs* args) {
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
-  // The combine's grid, checked before anything is launched. Uniform split: one CTA per (request,
-  // query token, head) row (2-8 splits: one warp per row, kCombineWarpRows rows per CTA, below). Scheduled: one per row of the most requests that can be shared
+  // The combine's grid, checked before anything is launched. Uniform split: per (request, query
+  // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), one CTA for 9-31,
+  // kCombineWideGroups CTAs for 32 or more (below). Scheduled: one CTA per row of the most requests that can be shared
   // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
   // schedule's list); none when one CTA covers the batch.
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
@@ -148,7 +149,8 @@ int launch(const MlaDecodeArgs* args) {
       : scheduled ? min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
                         int64_t(kCombineCtasPerSm) * grid_x)
                   : int64_t(a.batch) * rows_per_req;
-  if (combine_rows > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
+  const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
+  if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
@@ -181,6 +183,10 @@ int launch(const MlaDecodeArgs* args) {
       }
       rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
       threads = 32 * kCombineWarpRows;
+    } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
+      combine_kernel = mla_combine_wide_kernel<Out>;
+      rows *= kCombineWideGroups;
+      threads = 32 * kCombineWideWarps;
     }
 #if MLA_PDL
     // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
