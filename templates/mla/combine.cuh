@@ -22,6 +22,8 @@ constexpr int kCombineWideMinSplits = 32; // uniform splits from this many: 4 CT
 constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (a float4 per lane)
 constexpr int kCombineWideGroups = kHeadDimV / kCombineWideCols;  // 4 CTAs per row
 constexpr int kCombineWideWarps = 8;      // warps per CTA, each summing every 8th split
+static_assert(kCombineWideCols == 32 * 4, "the wide combine: a float4 per lane");
+static_assert(kCombineWideMinSplits >= kCombineWideWarps, "the wide combine reads split `warp` for padding");
 
 // Block-wide max or sum of one float per thread (all threads get the result).
 template <bool kMax>

@@ -439,8 +439,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     if constexpr (kSchedulable<Cache, NUM_HEADS>) cutlass::arch::ClusterBarrier::init(&s.q_empty, 4 * kNumWarpgroups);
     CUTE_UNROLL
     for (int i = 0; i < Storage::kRing * kSubTiles; ++i) {
-      // bf16/fp16 and the fp8 register path: every producer thread's copies; fp8 widened in shared
-      // memory: the widening threads' stores.
+      // bf16/fp16 and the fp8 register path: every producer thread's copies (a TMA slot: thread 0's
+      // arrive.expect_tx plus its arrival for the other 127); fp8 widened in shared memory: the
+      // widening threads' stores.
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i],
                                           Types::kFp8 && !Storage::kRegWiden ? kFp8WidenThreads : kProducerThreads);
       // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning

@@ -95,10 +95,12 @@ constexpr bool kTmaPages =
 // issues the sub-tile's box and arrives for the other 127 producer threads too (arrive with a count),
 // so the full barrier keeps its 128 arrivals on both paths. Warps 1-3 wait at a named barrier of the
 // producer warpgroup (kBarProducer) meanwhile, instead of polling nine empty barriers per tile, and
-// then all four warps copy the last tile if it is partial. They never run
-// more than one phase ahead of a barrier: thread 0 waited for the release of tile T - 4 before issuing
-// tile T - 2 in the same stage, so the phase a last tile T waits for (the release of T - 2) is the
-// next one. The tile that holds kv_end keeps the cp.async path,
+// then all four warps copy the last tile if it is partial. No thread waits more than one phase ahead
+// of a barrier: a thread's wait for the release of a slot's previous use u - 1 comes after the fill of
+// u - 1 was allowed, i.e. after its own wait for the release of u - 2 (a cp.async tile) or after
+// warp 0's (a TMA tile: the named barrier orders warp 0's last wait before the others' next one, and
+// every call, each segment of a scheduled CTA included, passes it once). The tile that holds kv_end
+// keeps the cp.async path,
 // whose zero fill keeps whatever lies past seq_len (possibly NaN) out of shared memory. TMA writes
 // the same bytes as the cp.async path: the map's 128-byte swizzle puts 16-byte chunk j of token row r
 // at chunk j ^ (r % 8) of the row's 128 bytes in each 1024-byte group of 8 rows (the slot is 1024-byte
