@@ -1,4 +1,4 @@
-"""A real CMake + nvcc build of the `ci` preset (two variants) that links and loads, on any machine with
+"""A real CMake + nvcc build of the `ci` preset (four variants: bf16 and fp8_e4m3, split and not) that links and loads, on any machine with
 nvcc (no GPU needed); skipped with a reason where nvcc is missing."""
 import ctypes
 import json
