@@ -141,6 +141,122 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
   }
 }
 
+// The same epilogue through shared memory (uniform launches: the KV ring is idle once both math
+// warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of normalised O, in the output
+// type (or fp32 for a workspace piece), in ring stage wg: row-major, 16-byte chunk c of row r at chunk
+// c ^ ((r % 8) * kSwz), so the accumulator-layout stores (8 rows x 16 or 32 bytes per warp) hit 32
+// distinct banks. Then each warp stores 512 contiguous bytes per instruction (one or half a row) with
+// 16-byte stores (two 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per
+// instruction straight from the accumulators (store_rows, ~7 us per CTA at 128 heads, MLA_TRACE).
+template <class T, class FragO>
+__device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
+  constexpr int kRowBytes = kHeadDimV / kNumWarpgroups * int(sizeof(T));
+  constexpr int kSwz = sizeof(T) == 4 ? 2 : 1;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    char* dst_row = stage + row * kRowBytes;
+    CUTE_UNROLL
+    for (int j = 0; j < size(o) / 4; ++j) {
+      const int byte = (8 * j + 2 * (lane % 4)) * int(sizeof(T));
+      const int chunk = (byte / 16) ^ ((row % 8) * kSwz);
+      char* dst = dst_row + chunk * 16 + byte % 16;
+      const float v0 = o(4 * j + 2 * r) * inv_sum[r], v1 = o(4 * j + 2 * r + 1) * inv_sum[r];
+      if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+      } else {
+        *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
+      }
+    }
+  }
+}
+// Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row).
+template <class T, bool kAligned16, class DstOf>
+__device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
+  constexpr int kRowBytes = kHeadDimV / kNumWarpgroups * int(sizeof(T));
+  constexpr int kChunks = kRowBytes / 16;
+  constexpr int kSwz = sizeof(T) == 4 ? 2 : 1;
+  constexpr int kIters = kBlockM * kChunks / 128;
+  static_assert(kChunks % 32 == 0, "a warp's 32 chunks lie in one row");
+  CUTE_UNROLL
+  for (int it0 = 0; it0 < kIters; it0 += 8) {
+    uint4 v[8];
+    CUTE_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const int flat = (it0 + k) * 128 + tid_wg;
+      const int row = flat / kChunks, c = flat % kChunks;
+      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ ((row % 8) * kSwz)) * 16));
+    }
+    CUTE_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const int flat = (it0 + k) * 128 + tid_wg;
+      const int row = flat / kChunks, c = flat % kChunks;
+      char* dst = dst_of(row);
+      if (dst == nullptr) continue;
+      if constexpr (kAligned16) {
+        *reinterpret_cast<uint4*>(dst + c * 16) = v[k];
+      } else {
+        reinterpret_cast<uint2*>(dst + c * 16)[0] = make_uint2(v[k].x, v[k].y);
+        reinterpret_cast<uint2*>(dst + c * 16)[1] = make_uint2(v[k].z, v[k].w);
+      }
+    }
+  }
+}
+template <class Out, int NUM_HEADS, class FragO>
+__device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* stage, int b, int64_t piece_row,
+                                                  int m_block, int wg, int tid_wg, int row0, FragO const& o,
+                                                  const float (&inv_sum)[2], const float (&lse)[2]) {
+  const MlaDecodeArgs& a = p.a;
+  const int lane = tid_wg % 32;
+  // lse: one thread per row, as in store_rows.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m_block * kBlockM + row0 + 8 * r;
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
+    if (piece_row >= 0) {
+      split_workspace(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
+    } else {
+      a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
+    }
+  }
+  auto row_ok = [&](int row, int& qi, int& h) {
+    const int grow = m_block * kBlockM + row;
+    qi = grow / NUM_HEADS;
+    h = grow % NUM_HEADS;
+    return qi < a.q_len && h < a.num_heads;
+  };
+  if (piece_row >= 0) {
+    stage_o<float>(stage, lane, row0, o, inv_sum);
+    warpgroup_barrier(kBarOwnP + wg);
+    float* ws_o = split_workspace(a).o;
+    copy_staged_rows<float, true>(stage, tid_wg, [&](int row) -> char* {
+      int qi, h;
+      if (!row_ok(row, qi, h)) return nullptr;
+      return reinterpret_cast<char*>(ws_o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
+                                     wg * (kHeadDimV / kNumWarpgroups));
+    });
+  } else {
+    stage_o<Out>(stage, lane, row0, o, inv_sum);
+    warpgroup_barrier(kBarOwnP + wg);
+    auto dst_of = [&](int row) -> char* {
+      int qi, h;
+      if (!row_ok(row, qi, h)) return nullptr;
+      return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
+                                     int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
+                                     wg * (kHeadDimV / kNumWarpgroups));
+    };
+    const bool aligned16 = ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Out) |
+                             uintptr_t(a.out_stride_token) * sizeof(Out) | uintptr_t(a.out_stride_head) * sizeof(Out)) %
+                            16) == 0;
+    if (aligned16) {
+      copy_staged_rows<Out, true>(stage, tid_wg, dst_of);
+    } else {
+      copy_staged_rows<Out, false>(stage, tid_wg, dst_of);
+    }
+  }
+}
+
 // Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
 // the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values
 // each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
@@ -252,7 +368,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading).
-template <class Cache, int NUM_HEADS>
+template <class Cache, int NUM_HEADS, bool kStaged>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -302,7 +418,14 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
     if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
-  store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+  if constexpr (kStaged) {
+    // Past kBarEnd no math warp reads the ring, and a uniform launch's producer has no tile left.
+    static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float), "a stage holds a warpgroup's fp32 block");
+    store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, piece_row, w.m_block, wg,
+                                                      tid_wg, row0, tOrO, inv_sum, lse);
+  } else {
+    store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +517,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
-    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
                               seg & 1);
     if (w.num_tiles > 0) {
       u0 += (w.num_tiles + 1) / 2;
@@ -554,7 +677,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
