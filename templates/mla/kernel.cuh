@@ -150,17 +150,22 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // instruction straight from the accumulators (store_rows, ~7 us per CTA at 128 heads, MLA_TRACE).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
-  constexpr int kRowBytes = kHeadDimV / kNumWarpgroups * int(sizeof(T));
-  constexpr int kSwz = sizeof(T) == 4 ? 2 : 1;
+  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
+  constexpr uint32_t kGroupBytes = 8 * sizeof(T);  // an 8-column group of the accumulator layout
+  // Value (row, 8 j + 2 q + e) goes to byte 8 j' sizeof(T) + 2 q sizeof(T) + e sizeof(T) of the row,
+  // j' = j ^ (row % 8): the chunk swizzle above (16-bit: chunk j; fp32: chunks 2 j and 2 j + 1).
+  // row % 8 is the same for both of the thread's rows, so eight base addresses, one per j % 8, serve
+  // every store with an immediate offset (unsigned math: no signed-division fixups per store).
+  const uint32_t x = (uint32_t(lane) >> 2) & 7u;
+  const uint32_t q = uint32_t(lane) & 3u;
+  char* base[8];
+  CUTE_UNROLL
+  for (uint32_t jj = 0; jj < 8; ++jj) base[jj] = stage + uint32_t(row0) * kRowBytes + (jj ^ x) * kGroupBytes + q * 2 * sizeof(T);
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r;
-    char* dst_row = stage + row * kRowBytes;
     CUTE_UNROLL
     for (int j = 0; j < size(o) / 4; ++j) {
-      const int byte = (8 * j + 2 * (lane % 4)) * int(sizeof(T));
-      const int chunk = (byte / 16) ^ ((row % 8) * kSwz);
-      char* dst = dst_row + chunk * 16 + byte % 16;
+      char* dst = base[j % 8] + (j / 8) * 8 * kGroupBytes + r * 8 * kRowBytes;
       const float v0 = o(4 * j + 2 * r) * inv_sum[r], v1 = o(4 * j + 2 * r + 1) * inv_sum[r];
       if constexpr (sizeof(T) == 4) {
         *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
@@ -170,28 +175,30 @@ __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO c
     }
   }
 }
-// Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row).
+// Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row). A
+// rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
+// from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
+// made the kernel ~130 KB larger and split calls ~12 us slower (perf-notes, twelfth session).
 template <class T, bool kAligned16, class DstOf>
 __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
-  constexpr int kRowBytes = kHeadDimV / kNumWarpgroups * int(sizeof(T));
-  constexpr int kChunks = kRowBytes / 16;
-  constexpr int kSwz = sizeof(T) == 4 ? 2 : 1;
-  constexpr int kIters = kBlockM * kChunks / 128;
-  static_assert(kChunks % 32 == 0, "a warp's 32 chunks lie in one row");
-  CUTE_UNROLL
-  for (int it0 = 0; it0 < kIters; it0 += 8) {
-    uint4 v[8];
+  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
+  constexpr uint32_t kChunks = kRowBytes / 16;
+  constexpr uint32_t kSwz = sizeof(T) == 4 ? 2 : 1;
+  constexpr uint32_t kRowStep = 128 / kChunks;  // rows a trip's 128 threads cover: 4 (16-bit) or 2 (fp32)
+  constexpr uint32_t kBatch = 4;
+  static_assert(kChunks % 32 == 0 && kBlockM % (kRowStep * kBatch) == 0, "a warp's 32 chunks lie in one row");
+  const uint32_t c = uint32_t(tid_wg) % kChunks;
+#pragma unroll 1
+  for (uint32_t row0 = uint32_t(tid_wg) / kChunks; row0 < kBlockM; row0 += kRowStep * kBatch) {
+    uint4 v[kBatch];
     CUTE_UNROLL
-    for (int k = 0; k < 8; ++k) {
-      const int flat = (it0 + k) * 128 + tid_wg;
-      const int row = flat / kChunks, c = flat % kChunks;
+    for (uint32_t k = 0; k < kBatch; ++k) {
+      const uint32_t row = row0 + k * kRowStep;
       v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ ((row % 8) * kSwz)) * 16));
     }
     CUTE_UNROLL
-    for (int k = 0; k < 8; ++k) {
-      const int flat = (it0 + k) * 128 + tid_wg;
-      const int row = flat / kChunks, c = flat % kChunks;
-      char* dst = dst_of(row);
+    for (int k = 0; k < kBatch; ++k) {
+      char* dst = dst_of(row0 + k * kRowStep);
       if (dst == nullptr) continue;
       if constexpr (kAligned16) {
         *reinterpret_cast<uint4*>(dst + c * 16) = v[k];
@@ -220,17 +227,17 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
       a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
     }
   }
-  auto row_ok = [&](int row, int& qi, int& h) {
-    const int grow = m_block * kBlockM + row;
-    qi = grow / NUM_HEADS;
-    h = grow % NUM_HEADS;
+  auto row_ok = [&](uint32_t row, int& qi, int& h) {
+    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
+    qi = int(grow / NUM_HEADS);
+    h = int(grow % NUM_HEADS);
     return qi < a.q_len && h < a.num_heads;
   };
   if (piece_row >= 0) {
     stage_o<float>(stage, lane, row0, o, inv_sum);
     warpgroup_barrier(kBarOwnP + wg);
     float* ws_o = split_workspace(a).o;
-    copy_staged_rows<float, true>(stage, tid_wg, [&](int row) -> char* {
+    copy_staged_rows<float, true>(stage, tid_wg, [&](uint32_t row) -> char* {
       int qi, h;
       if (!row_ok(row, qi, h)) return nullptr;
       return reinterpret_cast<char*>(ws_o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
@@ -239,7 +246,7 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   } else {
     stage_o<Out>(stage, lane, row0, o, inv_sum);
     warpgroup_barrier(kBarOwnP + wg);
-    auto dst_of = [&](int row) -> char* {
+    auto dst_of = [&](uint32_t row) -> char* {
       int qi, h;
       if (!row_ok(row, qi, h)) return nullptr;
       return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
