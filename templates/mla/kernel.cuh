@@ -141,19 +141,20 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
   }
 }
 
-// The same epilogue through shared memory (uniform launches: the KV ring is idle once both math
-// warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of normalised O, in the output
-// type (or fp32 for a workspace piece), in ring stage wg: row-major, 16-byte chunk c of row r at chunk
-// c ^ ((r % 8) * kSwz), so the accumulator-layout stores (8 rows x 16 or 32 bytes per warp) hit 32
-// distinct banks. Then each warp stores 512 contiguous bytes per instruction (one or half a row) with
-// 16-byte stores (two 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per
-// instruction straight from the accumulators (store_rows, ~7 us per CTA at 128 heads, MLA_TRACE).
+// The same epilogue through shared memory, for rows written to `out` by a uniform launch (the KV ring
+// is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of
+// normalised O in ring stage wg: row-major, 16-byte chunk c of row r at chunk c ^ (r % 8), so
+// the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks. Then each warp
+// stores one row's 512 contiguous bytes per instruction with 16-byte stores (two 8-byte stores where
+// `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight from the
+// accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12). Workspace
+// pieces (fp32) measured slower staged at batch 1-8 and keep store_rows.
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
+  static_assert(sizeof(T) == 2, "16-bit output types");
   constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
-  constexpr uint32_t kGroupBytes = 8 * sizeof(T);  // an 8-column group of the accumulator layout
-  // Value (row, 8 j + 2 q + e) goes to byte 8 j' sizeof(T) + 2 q sizeof(T) + e sizeof(T) of the row,
-  // j' = j ^ (row % 8): the chunk swizzle above (16-bit: chunk j; fp32: chunks 2 j and 2 j + 1).
+  constexpr uint32_t kGroupBytes = 8 * sizeof(T);  // an 8-column group of the accumulator layout: one chunk
+  // Value (row, 8 j + 2 q + e) goes to byte 16 j' + 4 q + 2 e of the row, j' = j ^ (row % 8).
   // row % 8 is the same for both of the thread's rows, so eight base addresses, one per j % 8, serve
   // every store with an immediate offset (unsigned math: no signed-division fixups per store).
   const uint32_t x = (uint32_t(lane) >> 2) & 7u;
@@ -166,25 +167,19 @@ __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO c
     CUTE_UNROLL
     for (int j = 0; j < size(o) / 4; ++j) {
       char* dst = base[j % 8] + (j / 8) * 8 * kGroupBytes + r * 8 * kRowBytes;
-      const float v0 = o(4 * j + 2 * r) * inv_sum[r], v1 = o(4 * j + 2 * r + 1) * inv_sum[r];
-      if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-      } else {
-        *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
-      }
+      *reinterpret_cast<uint32_t*>(dst) = pack2<T>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
     }
   }
 }
 // Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row). A
 // rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
 // from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
-// made the kernel ~130 KB larger and split calls ~12 us slower (perf-notes, twelfth session).
+// made the kernel ~130 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
 template <class T, bool kAligned16, class DstOf>
 __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
   constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
-  constexpr uint32_t kChunks = kRowBytes / 16;
-  constexpr uint32_t kSwz = sizeof(T) == 4 ? 2 : 1;
-  constexpr uint32_t kRowStep = 128 / kChunks;  // rows a trip's 128 threads cover: 4 (16-bit) or 2 (fp32)
+  constexpr uint32_t kChunks = kRowBytes / 16;  // 32: a warp's 16-byte chunks are one row
+  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 rows per trip of the warpgroup
   constexpr uint32_t kBatch = 4;
   static_assert(kChunks % 32 == 0 && kBlockM % (kRowStep * kBatch) == 0, "a warp's 32 chunks lie in one row");
   const uint32_t c = uint32_t(tid_wg) % kChunks;
@@ -194,7 +189,7 @@ __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, 
     CUTE_UNROLL
     for (uint32_t k = 0; k < kBatch; ++k) {
       const uint32_t row = row0 + k * kRowStep;
-      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ ((row % 8) * kSwz)) * 16));
+      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ (row % 8)) * 16));
     }
     CUTE_UNROLL
     for (int k = 0; k < kBatch; ++k) {
@@ -210,57 +205,35 @@ __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, 
   }
 }
 template <class Out, int NUM_HEADS, class FragO>
-__device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* stage, int b, int64_t piece_row,
-                                                  int m_block, int wg, int tid_wg, int row0, FragO const& o,
-                                                  const float (&inv_sum)[2], const float (&lse)[2]) {
+__device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* stage, int b, int m_block, int wg,
+                                                  int tid_wg, int row0, FragO const& o, const float (&inv_sum)[2],
+                                                  const float (&lse)[2]) {
   const MlaDecodeArgs& a = p.a;
   const int lane = tid_wg % 32;
-  // lse: one thread per row, as in store_rows.
   CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
     const int grow = m_block * kBlockM + row0 + 8 * r;
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
     if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
-    if (piece_row >= 0) {
-      split_workspace(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
-    } else {
-      a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
-    }
+    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
   }
-  auto row_ok = [&](uint32_t row, int& qi, int& h) {
+  stage_o<Out>(stage, lane, row0, o, inv_sum);
+  warpgroup_barrier(kBarOwnP + wg);
+  auto dst_of = [&](uint32_t row) -> char* {
     const uint32_t grow = uint32_t(m_block) * kBlockM + row;
-    qi = int(grow / NUM_HEADS);
-    h = int(grow % NUM_HEADS);
-    return qi < a.q_len && h < a.num_heads;
+    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
+    return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
+                                   int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
+                                   wg * (kHeadDimV / kNumWarpgroups));
   };
-  if (piece_row >= 0) {
-    stage_o<float>(stage, lane, row0, o, inv_sum);
-    warpgroup_barrier(kBarOwnP + wg);
-    float* ws_o = split_workspace(a).o;
-    copy_staged_rows<float, true>(stage, tid_wg, [&](uint32_t row) -> char* {
-      int qi, h;
-      if (!row_ok(row, qi, h)) return nullptr;
-      return reinterpret_cast<char*>(ws_o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
-                                     wg * (kHeadDimV / kNumWarpgroups));
-    });
+  const bool aligned16 = ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Out) |
+                           uintptr_t(a.out_stride_token) * sizeof(Out) | uintptr_t(a.out_stride_head) * sizeof(Out)) %
+                          16) == 0;
+  if (aligned16) {
+    copy_staged_rows<Out, true>(stage, tid_wg, dst_of);
   } else {
-    stage_o<Out>(stage, lane, row0, o, inv_sum);
-    warpgroup_barrier(kBarOwnP + wg);
-    auto dst_of = [&](uint32_t row) -> char* {
-      int qi, h;
-      if (!row_ok(row, qi, h)) return nullptr;
-      return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
-                                     int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
-                                     wg * (kHeadDimV / kNumWarpgroups));
-    };
-    const bool aligned16 = ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Out) |
-                             uintptr_t(a.out_stride_token) * sizeof(Out) | uintptr_t(a.out_stride_head) * sizeof(Out)) %
-                            16) == 0;
-    if (aligned16) {
-      copy_staged_rows<Out, true>(stage, tid_wg, dst_of);
-    } else {
-      copy_staged_rows<Out, false>(stage, tid_wg, dst_of);
-    }
+    copy_staged_rows<Out, false>(stage, tid_wg, dst_of);
   }
 }
 
@@ -425,12 +398,15 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
     if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
-  if constexpr (kStaged) {
+  if (kStaged && piece_row < 0) {
     // Past kBarEnd no math warp reads the ring, and a uniform launch's producer has no tile left.
-    static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float), "a stage holds a warpgroup's fp32 block");
-    store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, piece_row, w.m_block, wg,
-                                                      tid_wg, row0, tOrO, inv_sum, lse);
+    static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(typename Types::Out),
+                  "a stage holds a warpgroup's block of O");
+    store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
+                                                      row0, tOrO, inv_sum, lse);
   } else {
+    // Workspace pieces (fp32) keep the direct stores: staged, the batch-1 and batch-8 split calls
+    // measured 3-4 us slower (the staging round trip is latency a few CTAs cannot hide).
     store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
   }
 }
