@@ -660,7 +660,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0,
+                                                                        /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
