@@ -81,13 +81,17 @@ def test_q_pair_and_strided_views():
     qbuf[..., 768:832] = case.q[..., 512:]
     q_pair = (qbuf[..., 128:640], qbuf[..., 768:832])
     obuf = torch.full((3, 2, 32, 640), float("nan"), device="cuda").to(case.q.dtype)
-    out_view = obuf[..., :512]
+    # Rows 16-byte aligned, and rows only 8-byte aligned (the epilogue's 8-byte store path).
+    obuf8 = torch.full((3, 2, 32, 520), float("nan"), device="cuda").to(case.q.dtype)
     ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
-    for n in (1, 5):
-        out, lse = mla_decode(q_pair, kv_view, case.block_table, case.seq_lens, case.softmax_scale,
-                              num_kv_splits=n, out=out_view)
-        assert out.data_ptr() == out_view.data_ptr()
-        assert not compare(out, lse, ref_out, ref_lse), compare(out, lse, ref_out, ref_lse)
+    for out_view in (obuf[..., :512], obuf8[..., 4:516]):
+        for n in (1, 5):
+            out_view.fill_(float("nan"))
+            out, lse = mla_decode(q_pair, kv_view, case.block_table, case.seq_lens, case.softmax_scale,
+                                  num_kv_splits=n, out=out_view)
+            assert out.data_ptr() == out_view.data_ptr()
+            assert not compare(out, lse, ref_out, ref_lse), compare(out, lse, ref_out, ref_lse)
+    assert obuf8[..., :4].isnan().all() and obuf8[..., 516:].isnan().all(), "wrote outside the out view"
 
 
 def test_long_sequence_and_default_splits():

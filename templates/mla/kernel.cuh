@@ -141,6 +141,102 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
   }
 }
 
+// The same epilogue through shared memory, for rows written to `out` by a uniform launch (the KV ring
+// is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of
+// normalised O in ring stage wg: row-major, 16-byte chunk c of row r at chunk c ^ (r % 8), so
+// the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks. Then each warp
+// stores one row's 512 contiguous bytes per instruction with 16-byte stores (two 8-byte stores where
+// `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight from the
+// accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12). Workspace
+// pieces (fp32) measured slower staged at batch 1-8 and keep store_rows.
+template <class T, class FragO>
+__device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
+  static_assert(sizeof(T) == 2, "16-bit output types");
+  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
+  constexpr uint32_t kGroupBytes = 8 * sizeof(T);  // an 8-column group of the accumulator layout: one chunk
+  // Value (row, 8 j + 2 q + e) goes to byte 16 j' + 4 q + 2 e of the row, j' = j ^ (row % 8).
+  // row % 8 is the same for both of the thread's rows, so eight base addresses, one per j % 8, serve
+  // every store with an immediate offset (unsigned math: no signed-division fixups per store).
+  const uint32_t x = (uint32_t(lane) >> 2) & 7u;
+  const uint32_t q = uint32_t(lane) & 3u;
+  char* base[8];
+  CUTE_UNROLL
+  for (uint32_t jj = 0; jj < 8; ++jj) base[jj] = stage + uint32_t(row0) * kRowBytes + (jj ^ x) * kGroupBytes + q * 2 * sizeof(T);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    CUTE_UNROLL
+    for (int j = 0; j < size(o) / 4; ++j) {
+      char* dst = base[j % 8] + (j / 8) * 8 * kGroupBytes + r * 8 * kRowBytes;
+      *reinterpret_cast<uint32_t*>(dst) = pack2<T>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+    }
+  }
+}
+// Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row). A
+// rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
+// from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
+// made the kernel ~130 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
+template <class T, bool kAligned16, class DstOf>
+__device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
+  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
+  constexpr uint32_t kChunks = kRowBytes / 16;  // 32: a warp's 16-byte chunks are one row
+  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 rows per trip of the warpgroup
+  constexpr uint32_t kBatch = 4;
+  static_assert(kChunks % 32 == 0 && kBlockM % (kRowStep * kBatch) == 0, "a warp's 32 chunks lie in one row");
+  const uint32_t c = uint32_t(tid_wg) % kChunks;
+#pragma unroll 1
+  for (uint32_t row0 = uint32_t(tid_wg) / kChunks; row0 < kBlockM; row0 += kRowStep * kBatch) {
+    uint4 v[kBatch];
+    CUTE_UNROLL
+    for (uint32_t k = 0; k < kBatch; ++k) {
+      const uint32_t row = row0 + k * kRowStep;
+      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ (row % 8)) * 16));
+    }
+    CUTE_UNROLL
+    for (int k = 0; k < kBatch; ++k) {
+      char* dst = dst_of(row0 + k * kRowStep);
+      if (dst == nullptr) continue;
+      if constexpr (kAligned16) {
+        *reinterpret_cast<uint4*>(dst + c * 16) = v[k];
+      } else {
+        reinterpret_cast<uint2*>(dst + c * 16)[0] = make_uint2(v[k].x, v[k].y);
+        reinterpret_cast<uint2*>(dst + c * 16)[1] = make_uint2(v[k].z, v[k].w);
+      }
+    }
+  }
+}
+template <class Out, int NUM_HEADS, class FragO>
+__device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* stage, int b, int m_block, int wg,
+                                                  int tid_wg, int row0, FragO const& o, const float (&inv_sum)[2],
+                                                  const float (&lse)[2]) {
+  const MlaDecodeArgs& a = p.a;
+  const int lane = tid_wg % 32;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
+    const int grow = m_block * kBlockM + row0 + 8 * r;
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
+    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
+  }
+  stage_o<Out>(stage, lane, row0, o, inv_sum);
+  warpgroup_barrier(kBarOwnP + wg);
+  auto dst_of = [&](uint32_t row) -> char* {
+    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
+    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
+    return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
+                                   int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
+                                   wg * (kHeadDimV / kNumWarpgroups));
+  };
+  const bool aligned16 = ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Out) |
+                           uintptr_t(a.out_stride_token) * sizeof(Out) | uintptr_t(a.out_stride_head) * sizeof(Out)) %
+                          16) == 0;
+  if (aligned16) {
+    copy_staged_rows<Out, true>(stage, tid_wg, dst_of);
+  } else {
+    copy_staged_rows<Out, false>(stage, tid_wg, dst_of);
+  }
+}
+
 // Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
 // the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values
 // each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
@@ -252,7 +348,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading).
-template <class Cache, int NUM_HEADS>
+template <class Cache, int NUM_HEADS, bool kStaged>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -302,7 +398,17 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
     if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
-  store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+  if (kStaged && piece_row < 0) {
+    // Past kBarEnd no math warp reads the ring, and a uniform launch's producer has no tile left.
+    static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(typename Types::Out),
+                  "a stage holds a warpgroup's block of O");
+    store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
+                                                      row0, tOrO, inv_sum, lse);
+  } else {
+    // Workspace pieces (fp32) keep the direct stores: staged, the batch-1 and batch-8 split calls
+    // measured 3-4 us slower (the staging round trip is latency a few CTAs cannot hide).
+    store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +500,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
-    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
                               seg & 1);
     if (w.num_tiles > 0) {
       u0 += (w.num_tiles + 1) / 2;
@@ -554,7 +660,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0,
+                                                                        /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
