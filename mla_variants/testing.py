@@ -36,7 +36,14 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
     with `poison`, unused slots are NaN and unused table entries junk.
 
     dtype float8_e4m3fn makes an fp8 cache written the way engines write it (real N(0, kv_std^2) values
-    quantized with `k_scale`, default 1.0; q stays bf16) and poisons unused slots with the e4m3 NaN byte."""
+    quantized with `k_scale`, default 1.0; q stays bf16) and poisons unused slots with the e4m3 NaN byte.
+
+    Raises ValueError for sizes below 1 or negative seq_lens, RuntimeError for a CUDA device when torch
+    sees no GPU (pass device="cpu")."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"make_paged_case: device={str(device)!r} needs a CUDA GPU and this torch sees none "
+                           "(torch.cuda.is_available() is False); pass device='cpu' to build the case on the CPU, "
+                           "where mla_decode_reference runs")
     fp8 = dtype == torch.float8_e4m3fn
     if fp8:
         from .fp8 import FP8_NAN_BYTE, quantize_kv

@@ -115,3 +115,11 @@ def test_token_page_view_is_the_same_problem():
     a = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
     b = mla_decode_reference(case.q, kv1, table1, case.seq_lens, case.softmax_scale)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_make_paged_case_on_cpu_only_machine_names_the_fix(monkeypatch):
+    """A CPU-only machine asking for the default device='cuda' gets a message naming the fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="device='cpu'"):
+        make_paged_case([10], 4, 16)
+    assert make_paged_case([10], 4, 16, device="cpu").q.device.type == "cpu"
