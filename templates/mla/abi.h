@@ -41,7 +41,9 @@ typedef struct MlaDecodeArgs {
 
   float softmax_scale;
 
-  void* out;                   // [batch, q_len, num_heads, 512] in q's dtype
+  void* out;                   // [batch, q_len, num_heads, 512] in q's dtype, last dim contiguous; the
+                               // base and the strides (elements) 8-byte aligned: the kernels store
+                               // 8 or 16 bytes at a time (16 where base and strides allow it)
   int64_t out_stride_batch, out_stride_token, out_stride_head;
   float* lse;                  // [batch, num_heads, q_len] fp32, natural log
   int64_t lse_stride_batch, lse_stride_head, lse_stride_token;

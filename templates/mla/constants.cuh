@@ -54,9 +54,9 @@
 #define MLA_FP8_S_FIRST 0
 #endif
 
-// MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's uniform launches store the rows of `out`
-// through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged) instead of
-// straight from the accumulators; workspace pieces keep the direct stores.
+// MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of
+// `out` through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged) instead
+// of straight from the accumulators; split kernels (even run with one split) keep the direct stores.
 #ifndef MLA_EPI_STAGED
 #define MLA_EPI_STAGED 1
 #endif

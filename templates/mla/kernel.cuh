@@ -141,8 +141,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
   }
 }
 
-// The same epilogue through shared memory, for rows written to `out` by a uniform launch (the KV ring
-// is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of
+// The same epilogue through shared memory, for the non-split kernels' rows of `out` (in a uniform
+// launch the KV ring is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of
 // normalised O in ring stage wg: row-major, 16-byte chunk c of row r at chunk c ^ (r % 8), so
 // the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks. Then each warp
 // stores one row's 512 contiguous bytes per instruction with 16-byte stores (two 8-byte stores where
@@ -398,15 +398,16 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
     if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
   }
-  if (kStaged && piece_row < 0) {
-    // Past kBarEnd no math warp reads the ring, and a uniform launch's producer has no tile left.
+  if constexpr (kStaged) {
+    // A non-split kernel (piece_row is -1). Past kBarEnd no math warp reads the ring, and a uniform
+    // launch's producer has no tile left.
     static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(typename Types::Out),
                   "a stage holds a warpgroup's block of O");
     store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
                                                       row0, tOrO, inv_sum, lse);
   } else {
-    // Workspace pieces (fp32) keep the direct stores: staged, the batch-1 and batch-8 split calls
-    // measured 3-4 us slower (the staging round trip is latency a few CTAs cannot hide).
+    // Split kernels keep the direct stores, for workspace pieces (fp32) and for out: staged, the
+    // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12).
     store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
   }
 }
