@@ -142,13 +142,13 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 }
 
 // The same epilogue through shared memory, for the non-split kernels' rows of `out` (in a uniform
-// launch the KV ring is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its 64 x 256 block of
-// normalised O in ring stage wg: row-major, 16-byte chunk c of row r at chunk c ^ (r % 8), so
-// the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks. Then each warp
-// stores one row's 512 contiguous bytes per instruction with 16-byte stores (two 8-byte stores where
-// `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight from the
-// accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12). Workspace
-// pieces (fp32) measured slower staged at batch 1-8 and keep store_rows.
+// launch the KV ring is idle once both math warpgroups are past kBarEnd). Warpgroup wg stages its
+// 64 x 256 block of normalised O in ring stage wg: row-major, 16-byte chunk c of row r at chunk
+// c ^ (r % 8), so the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks.
+// Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
+// 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
+// from the accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12).
+// Split kernels keep store_rows (staged, their batch-1 to batch-8 calls measured 1-4 us slower).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
   static_assert(sizeof(T) == 2, "16-bit output types");
@@ -501,8 +501,8 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f, (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2),
-                              seg & 1);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
+                                                 (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
     if (w.num_tiles > 0) {
       u0 += (w.num_tiles + 1) / 2;
       u1 += w.num_tiles / 2;
