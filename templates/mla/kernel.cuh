@@ -174,7 +174,7 @@ __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO c
 // Row `row` of the staged block -> dst_of(row) (the row's first byte, nullptr for a padding row). A
 // rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
 // from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
-// made the kernel ~130 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
+// made the kernel ~69 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
 template <class T, bool kAligned16, class DstOf>
 __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
   constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
