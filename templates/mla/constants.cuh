@@ -61,6 +61,15 @@
 #define MLA_EPI_STAGED 1
 #endif
 
+// MLA_Q_FIRST (default 0: prepared for an A/B, not yet GPU-run): the uniform 16-bit kernels issue
+// Q's copies at the CTA's start, before the seq_lens load and the barrier set-up (Q's address does
+// not depend on seq_len), and a math thread initialises the barriers, so the initialising thread has
+// no copies of its own in flight. The v3.12 phase trace measured 4.2 us from a first-wave CTA's entry
+// to Q in shared memory (docs/perf-notes.md); prediction: 0.5-1 us off every call.
+#ifndef MLA_Q_FIRST
+#define MLA_Q_FIRST 0
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row

@@ -321,16 +321,20 @@ __device__ __forceinline__ int checked_seq_len(const MlaDecodeArgs& a, int b, bo
   bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
   return bad_len ? 0 : raw_len;
 }
-template <int PAGE_SIZE>
-__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
-  const MlaDecodeArgs& a = p.a;
+// The uniform launch's CTA coordinates (grid x = m_block + num_m_blocks * request, y = split).
+__device__ __forceinline__ void cta_coords(const DecodeParams& p, int& b, int& m_block, int& split) {
   uint32_t cx, cy;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
   asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(cy));
+  m_block = int(cx) % p.num_m_blocks;
+  b = int(cx) / p.num_m_blocks;
+  split = int(cy);
+}
+template <int PAGE_SIZE>
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
+  const MlaDecodeArgs& a = p.a;
   CtaWork w;
-  w.m_block = int(cx) % p.num_m_blocks;
-  w.b = int(cx) / p.num_m_blocks;
-  w.split = int(cy);
+  cta_coords(p, w.b, w.m_block, w.split);
   w.seq_len = checked_seq_len<PAGE_SIZE>(a, w.b, w.bad_len);
   split_range(w.seq_len, a.num_kv_splits, w.split, w.kv_begin, w.kv_end);
   w.num_tiles = tiles_of(w.kv_end - w.kv_begin);
@@ -538,10 +542,20 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
+  // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels only
+  // (the fp8 producers round Q after copying it; a scheduled CTA learns its request from the schedule).
+  constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && !Types::kFp8;
+  if constexpr (kQFirst) {
+    if (threadIdx.x < kProducerThreads) {
+      int b, m_block, split;
+      cta_coords(p, b, m_block, split);
+      load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
+    }
+  }
   CtaWork w0{};
   if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == (kQFirst ? kProducerThreads : 0)) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) cutlass::arch::ClusterBarrier::init(&s.q_empty, 4 * kNumWarpgroups);
     CUTE_UNROLL
@@ -587,8 +601,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
           if (p.use_tma) kv_map = &p.kv_map;
         }
 #endif
-        produce<Cache, NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
+        produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
       }
+    } else if constexpr (kQFirst) {
+      cp_async_wait_all();  // no tiles (empty split or bad seq_len): Q went unused; do not retire with copies in flight
     }
     return;
   }

@@ -110,7 +110,9 @@ constexpr bool kTmaPages =
 // path): only Q's row count differs, the KV ring and its barriers are the same.
 constexpr int kBarProducer = 13;  // named barrier over the 128 producer threads
 
-template <class Element, int NUM_HEADS, int PAGE_SIZE, class Storage>
+// kQIssued (MLA_Q_FIRST): the kernel already issued this thread's Q copies (before the q_full barrier
+// existed); the arrive below still covers them, as cp.async.mbarrier.arrive tracks every earlier copy.
+template <class Element, int NUM_HEADS, int PAGE_SIZE, bool kQIssued = false, class Storage>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                         int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map,
                                         int phases = 0) {
@@ -118,7 +120,7 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   if constexpr (kTma) {
     if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   }
-  load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  if constexpr (!kQIssued) load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   cp_async_arrive_noinc(&s.q_full);
 
   constexpr int kRowsPerPass = kProducerThreads / 8;  // 16
