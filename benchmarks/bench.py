@@ -19,6 +19,10 @@ Timing follows the anchors' method:
   graph : 20 back-to-back calls captured in one CUDA graph (outputs, workspace and num_kv_splits fixed
           beforehand so nothing allocates during capture); each replay is timed with CUDA events and
           the median replay time / 20 is reported.
+  code-warm (--code-warm, a diagnostic): as cold, but after each flush an untimed call of the same
+          kernels (same heads, page size, dtype and split count) on a separate one-request case of
+          64 keys per split brings their instructions back into L2, so cold minus code-warm is what
+          fetching the kernels' code from DRAM costs a cold call (its inputs and outputs stay cold).
 Each case's KV pool is filled on the device (random values, pages randomly permuted over one pool,
 NaN in every cache slot no request uses), so building even the 2.4 GB cases takes milliseconds.
 
@@ -237,14 +241,17 @@ class L2Flush:
             torch.sum(self.buf)
 
 
-def time_cold(fn, flush: L2Flush, reps: int, warmup: int) -> float:
-    """Median microseconds of fn() with the L2 flushed before each call."""
+def time_cold(fn, flush: L2Flush, reps: int, warmup: int, after_flush=None) -> float:
+    """Median microseconds of fn() with the L2 flushed before each call; after_flush (untimed) runs
+    between the flush and the timed call (--code-warm: a small call that fetches the kernels' code)."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
         flush()
+        if after_flush is not None:
+            after_flush()
         s.record()
         fn()
         e.record()
@@ -312,6 +319,22 @@ def host_overhead_us(inputs: dict, num_kv_splits: int, n: int = 300, rounds: int
 # One case
 # ------------------------------------------------------------------------------------------------
 
+def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen: torch.Generator):
+    """--code-warm: a call that runs the same kernels as the case (same heads, page size, dtype and
+    split count, so the same decode, combine and head-group launches) on a separate one-request case
+    of 64 keys per split, in its own small buffers (nothing of the timed case's data enters L2)."""
+    heads, page = case["num_heads"], case["page_size"]
+    inputs = build_inputs(KVPool(torch.device("cuda", torch.cuda.current_device())), [64 * splits], heads, page,
+                          q_len, dtype, gen)
+    k_scale = K_SCALE if dtype == torch.float8_e4m3fn else None
+    device = inputs["q"].device
+    out = torch.empty(1, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
+    lse = torch.empty(1, heads, q_len, dtype=torch.float32, device=device)
+    ws = torch.empty(max(workspace_size(1, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
+    return lambda: mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                              num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
+
+
 def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
     """Compare with the fp32 reference: every request when the case is small, else a spread subset."""
     lens = inputs["seq_lens"]
@@ -374,6 +397,9 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
         problems = check_case(inputs, out, lse)
         row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
     row["cold_us"] = time_cold(call, flush, args.reps, args.warmup)
+    if args.code_warm:
+        row["codewarm_us"] = time_cold(call, flush, args.reps, args.warmup,
+                                       after_flush=code_warm_call(case, splits, dtype, q_len, gen))
     row["graph_us"] = time_graph(call, args.graph_replays, args.warmup)
     return row
 
@@ -420,6 +446,8 @@ def print_row(case: dict, row: dict) -> None:
              _fmt(case.get("best_us"), ".1f"), _fmt(row.get("peer_ratio"), ".2f"),
              _fmt(case.get("best_graph_us"), ".1f"), _fmt(row.get("peer_graph_ratio"), ".2f")]
     line = " ".join(str(c).rjust(w) for c, (_, w) in zip(cells, COLUMNS))
+    if row.get("codewarm_us") is not None:
+        line += f"  code-warm {row['codewarm_us']:.1f}"
     if row.get("check", "pass") != "pass":
         line += "  " + row["check"]
     print(line, flush=True)
@@ -506,6 +534,9 @@ def parse_args(argv=None, description: str | None = None):
     p.add_argument("--balanced", action="store_true",
                    help="time MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, made once per "
                         "step and timed apart as schedule_us) instead of mla_decode")
+    p.add_argument("--code-warm", action="store_true",
+                   help="also time each case with its kernels' code brought back into L2 after the flush "
+                        "(codewarm_us; cold minus code-warm = the cost of fetching code from DRAM)")
     p.add_argument("--schedule-overhead", type=int, help="with --balanced: the schedule's overhead per request, in tiles")
     p.add_argument("--reps", type=int, help="cold timed calls per case (default 50; 10 with --quick)")
     p.add_argument("--graph-replays", type=int, help=f"timed replays of the {GRAPH_CALLS}-call graph "
@@ -528,6 +559,8 @@ def parse_args(argv=None, description: str | None = None):
         p.error("--num-kv-splits must be from 1 to 256")
     if args.reps < 1 or args.graph_replays < 1:
         p.error("--reps and --graph-replays must be positive")
+    if args.code_warm and args.balanced:
+        p.error("--code-warm times mla_decode's launches; it does not combine with --balanced")
     return args
 
 
@@ -646,7 +679,10 @@ def main(argv=None) -> int:
                            f"median of {args.reps}",
                    "graph": f"{GRAPH_CALLS} calls in one CUDA graph, median of {args.graph_replays} replays / "
                             f"{GRAPH_CALLS}",
-                   "inputs": "random N(0, 0.1^2) q and cache; pages randomly permuted over one pool; NaN in unused slots"},
+                   "inputs": "random N(0, 0.1^2) q and cache; pages randomly permuted over one pool; NaN in unused slots",
+                   **({"code_warm": "as cold, plus an untimed call of the same kernels on a separate one-request "
+                                    "case (64 keys per split) between the flush and the timed call"}
+                      if args.code_warm else {})},
         "host_overhead_us": overhead,
         "elapsed_s": elapsed,
         "summary": summary,

@@ -45,3 +45,33 @@ def test_tree_hash_follows_the_kernel_sources(bench, monkeypatch, tmp_path):
     (tmp_path / "README.md").write_text("not a source\n")
     assert changed != before
     assert bench.tree_hash() == before  # same sources again; files outside them do not count
+
+
+def test_code_warm_is_an_option_that_refuses_the_balanced_path(bench, capsys):
+    assert bench.parse_args(["--code-warm"]).code_warm is True
+    assert bench.parse_args([]).code_warm is False
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--code-warm", "--balanced"])
+    assert "--code-warm" in capsys.readouterr().err
+
+
+def test_time_cold_runs_the_after_flush_call_between_flush_and_timed_call(bench, monkeypatch):
+    # No GPU needed: CUDA events are replaced by a recorder of the call order.
+    order = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            order.append("event")
+
+        def elapsed_time(self, other):
+            return 0.001
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    t = bench.time_cold(lambda: order.append("call"), lambda: order.append("flush"), reps=2, warmup=1,
+                        after_flush=lambda: order.append("warm"))
+    assert order == ["call"] + ["flush", "warm", "event", "call", "event"] * 2
+    assert t == pytest.approx(1.0)
