@@ -117,3 +117,21 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
     assert "-DCMAKE_CUDA_FLAGS=" in plain
     assert "-DCMAKE_CUDA_FLAGS=-DMLA_TMA=0" in flagged
     assert plain != flagged
+
+
+@needs_nvcc
+def test_prepared_kernel_switches_compile_without_spills(tmp_path):
+    """The switches kept on main for A/B runs on the GPU (MLA_Q_FIRST: Q copies before the seq_lens
+    load; MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py) must keep compiling, without
+    spills, on both kernel paths: a 64-row variant and a transposed-path split variant."""
+    import os
+    env = {**os.environ, "CUDAFLAGS": "-DMLA_Q_FIRST=1 -DMLA_TRACE=1"}
+    p = subprocess.run([sys.executable, "-m", "codegen", "build", "--filter", "h64_p64_bf16_nosplit",
+                        "--filter", "h16_p1_bf16_split", "--generated-dir", str(tmp_path / "generated"),
+                        "--build-dir", str(tmp_path / "build")], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "built 2 variants" in p.stdout
+    usage = json.loads((tmp_path / "build" / "resource_usage.json").read_text())
+    assert set(usage) == {"mla_decode_h64_p64_bf16_nosplit", "mla_decode_h16_p1_bf16_split"}
+    for name, rec in usage.items():
+        assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)

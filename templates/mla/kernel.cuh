@@ -47,6 +47,7 @@
 #include "consumer_st_regs.cuh"
 #include "producer.cuh"
 #include "schedule.cuh"
+#include "trace.cuh"
 
 namespace mla {
 
@@ -351,8 +352,9 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // out/lse (piece_row -1) or to the workspace piece starting at row piece_row. phases: the ring stages'
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
-// still reading).
-template <class Cache, int NUM_HEADS, bool kStaged>
+// still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE
+// build), the sink made where it is used so that no pointer stays live through the main loop.
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -384,6 +386,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
   }
+  if constexpr (kTrace) trace_sink<NUM_HEADS>(a, w.b, w.m_block * kBlockM, w.split, tid == 0).stamp(kTraceLoopDone);
 
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
   CUTE_UNROLL
@@ -414,6 +417,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12).
     store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
   }
+  if constexpr (kTrace) trace_sink<NUM_HEADS>(a, w.b, w.m_block * kBlockM, w.split, tid == 0).stamp(kTraceStored);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -552,6 +556,19 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
     }
   }
+  // MLA_TRACE (trace.cuh): producer thread 0 and the first math thread stamp the CTA's phases. Each
+  // role makes its own sink from %ctaid (nothing stays live across setmaxnreg: the 40-register
+  // producer spilled when one sink was shared).
+  auto trace_here = [&](bool tracer) {
+    TraceSink t{nullptr};
+    if constexpr (MLA_TRACE != 0 && !SCHED) {
+      int b, m_block, split;
+      cta_coords(p, b, m_block, split);
+      t = trace_sink<NUM_HEADS>(a, b, m_block * kRowBlock<NUM_HEADS>, split, tracer);
+    }
+    return t;
+  };
+  trace_here(threadIdx.x == kProducerThreads).stamp(kTraceEntry);
   CtaWork w0{};
   if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 
@@ -590,6 +607,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
     if (num_tiles > 0) {
+      trace_here(threadIdx.x == 0).stamp(kTraceProducerStart);
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
@@ -603,6 +621,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
 #endif
         produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
       }
+      trace_here(threadIdx.x == 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {
       cp_async_wait_all();  // no tiles (empty split or bad seq_len): Q went unused; do not retire with copies in flight
     }
@@ -617,6 +636,14 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
             num_tiles = w.num_tiles;
   const bool bad_len = w.bad_len;
+  if constexpr (MLA_TRACE != 0) {
+    const TraceSink tr = trace_here(threadIdx.x == kProducerThreads);
+    tr.info(num_tiles);
+    if (num_tiles > 0 && tr.p != nullptr) {  // Q's arrival, seen by the first math thread alone
+      wait_barrier(&s.q_full, 0);
+      tr.stamp(kTraceQLanded);
+    }
+  }
 
   const int tid = threadIdx.x - kProducerThreads;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma inside branches on wg
@@ -670,14 +697,16 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
         consume_st(s, ctx, tOrO, m_run, l_run);
       }
     }
+    trace_here(threadIdx.x == kProducerThreads).stamp(kTraceLoopDone);
     merge_st(s, ctx, tOrO, m_run, l_run);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    trace_here(threadIdx.x == kProducerThreads).stamp(kTraceStored);
     allow_dependent_launch<SPLIT>();
     return;
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0,
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0,
                                                                         /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt

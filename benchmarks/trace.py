@@ -1,0 +1,182 @@
+"""Where the time of each CTA goes inside the decode kernel: a per-CTA phase trace (a diagnostic build).
+
+    CUDAFLAGS=-DMLA_TRACE=1 mla-variants build --filter 'h128_p64_bf16*' --build-dir /tmp/bt --generated-dir /tmp/gt
+    MLA_VARIANTS_GENERATED=/tmp/gt python benchmarks/trace.py --heads 128 --page 64 --batch 128 --seq 1024
+
+Takes the same case filters as benchmarks/bench.py. A trace build (templates/mla/trace.cuh) makes every
+CTA of a uniform launch stamp %globaltimer into the spare columns 512..1023 of its first query row of
+`out`, which this script passes as a view of a [batch, q_len, num_heads, 1024] buffer. Each case is
+called --reps times cold (L2 flushed, as bench.py times a call; --code-warm: with the kernels' code
+brought back into L2 after the flush, as bench.py --code-warm) and the stamps of every CTA of every call
+are read back. Phases per CTA (us; medians over all CTAs of all calls, with the 10th and 90th percentile):
+
+  start    : CTA entry -> the producer starts copying (seq_lens load, barrier set-up, register handover)
+  q        : CTA entry -> Q in shared memory, as the first math thread sees it
+  loop     : Q -> the first math warpgroup's main loop is done (also per tile: loop / tiles)
+  epilogue : main loop done -> past the first math thread's stores (row sums, merge, stores)
+  cta      : CTA entry -> past the stores
+  producer : CTA entry -> producer thread 0 done (its own copies landed; TMA tiles: issued)
+  spread   : CTA entry - the earliest entry of the call (when a CTA started: launch order and waves)
+  wave     : CTAs that entered after another CTA on the same SM had finished (second and later waves)
+
+A build without MLA_TRACE writes no stamps; the script then says so. Needs exact compiled head counts
+(no masked rows) and records splits 0-15 of each row block.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
+import torch  # noqa: E402
+
+SLOTS = 8                 # 64-bit stamps per CTA (templates/mla/trace.cuh TraceSlot)
+MAX_SPLITS = 16           # splits per row block with stamps (kTraceMaxSplits)
+ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO = range(7)
+ROW_BLOCK_64 = 64
+
+
+def rows_per_cta(num_heads: int) -> int:
+    """Query rows per CTA of the default build (MLA_ST): 8 up to 8 heads, 16 up to 16, else 64."""
+    return 8 if num_heads <= 8 else 16 if num_heads <= 16 else ROW_BLOCK_64
+
+
+def cta_records(spare: torch.Tensor, num_heads: int, q_len: int, splits: int) -> list[dict]:
+    """The stamps of every CTA from the spare halves of `out`'s rows. spare: int64 [batch, q_len,
+    num_heads, 128] (columns 512..1023 of each row, viewed as 64-bit words). Returns one dict per CTA
+    that stamped (entry != 0): b, m_block, split, the raw stamps (ns) and sm / tiles."""
+    rows = rows_per_cta(num_heads)
+    m_blocks = -(-num_heads * q_len // rows)
+    batch = spare.shape[0]
+    cpu = spare.cpu()
+    out = []
+    for b in range(batch):
+        for m in range(m_blocks):
+            qi, h = divmod(m * rows, num_heads)
+            for split in range(min(splits, MAX_SPLITS)):
+                st = [int(x) for x in cpu[b, qi, h, split * SLOTS:(split + 1) * SLOTS]]
+                if st[ENTRY] == 0:
+                    continue
+                out.append({"b": b, "m_block": m, "split": split, "stamps": st,
+                            "sm": (st[INFO] >> 32) & 0xffffffff, "tiles": st[INFO] & 0xffffffff})
+    return out
+
+
+def phases(records: list[dict]) -> list[dict]:
+    """Per CTA of one call: the phase durations of the module docstring (us; None where a stamp is
+    missing, e.g. no Q for a CTA without tiles) and whether it ran in a later wave on its SM."""
+    if not records:
+        return []
+    t0 = min(r["stamps"][ENTRY] for r in records)
+    by_sm: dict[int, list[dict]] = {}
+    for r in records:
+        by_sm.setdefault(r["sm"], []).append(r)
+    later = set()
+    for group in by_sm.values():
+        for r in group:
+            if any(o is not r and 0 < o["stamps"][STORED] <= r["stamps"][ENTRY] for o in group):
+                later.add(id(r))
+    res = []
+    for r in records:
+        s = r["stamps"]
+
+        def d(a, b):
+            return (s[b] - s[a]) / 1e3 if s[a] and s[b] else None
+
+        loop = d(Q_LANDED, LOOP_DONE)
+        res.append({"start": d(ENTRY, PRODUCER_START), "q": d(ENTRY, Q_LANDED), "loop": loop,
+                    "loop_per_tile": loop / r["tiles"] if loop is not None and r["tiles"] else None,
+                    "epilogue": d(LOOP_DONE, STORED), "cta": d(ENTRY, STORED), "producer": d(ENTRY, PRODUCER_DONE),
+                    "spread": (s[ENTRY] - t0) / 1e3, "tiles": r["tiles"], "later_wave": id(r) in later})
+    return res
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Median, 10th and 90th percentile of each phase over CTAs, for all CTAs and by wave."""
+    def stats(xs):
+        xs = sorted(x for x in xs if x is not None)
+        if not xs:
+            return None
+        pick = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
+        return {"median": statistics.median(xs), "p10": pick(0.1), "p90": pick(0.9), "n": len(xs)}
+    keys = ("start", "q", "loop", "loop_per_tile", "epilogue", "cta", "producer", "spread")
+    result = {"all": {k: stats(r[k] for r in rows) for k in keys}}
+    for name, want in (("first_wave", False), ("later_waves", True)):
+        sub = [r for r in rows if r["later_wave"] == want]
+        if sub:
+            result[name] = {k: stats(r[k] for r in sub) for k in keys}
+    return result
+
+
+def main(argv=None) -> int:
+    args = bench.parse_args(argv, description=__doc__.split("\n\n")[0])
+    if not torch.cuda.is_available():
+        print("no CUDA GPU available: the trace needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+        return 1
+    cases, meta, _ = bench.load_cases(args)
+    cases = bench.select_cases(cases, args)
+    q_len = int(meta.get("q_len", 1))
+    device = torch.device("cuda")
+    dtype = bench.DTYPES[args.dtype]
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    compiled = {(h, p, d) for h, p, d, _ in bench.list_variants()}
+    pool, flush = bench.KVPool(device), bench.L2Flush(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    report = []
+    for case in cases:
+        heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
+        name = f"{heads} x {len(seq_lens)} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
+        if (heads, page, args.dtype) not in compiled:
+            print(f"{name}: skipped (no exact {heads}-head page-{page} {args.dtype} variant in this build)")
+            continue
+        splits = bench.case_splits(case, args, q_len, sm_count)
+        inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
+        batch = len(seq_lens)
+        big = torch.zeros(batch, q_len, heads, 2 * bench.V_DIM, dtype=inputs["q"].dtype, device=device)
+        out = big[..., :bench.V_DIM]
+        lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
+        ws = torch.empty(max(bench.workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
+        k_scale = bench.K_SCALE if dtype == torch.float8_e4m3fn else None
+        warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
+
+        def call():
+            bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
+                             bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
+
+        for _ in range(args.warmup):
+            call()
+        rows = []
+        for _ in range(args.reps):
+            big[..., bench.V_DIM:].zero_()
+            flush()
+            if warm is not None:
+                warm()
+            call()
+            torch.cuda.synchronize()
+            spare = big[..., bench.V_DIM:].contiguous().view(torch.int64)
+            rows += phases(cta_records(spare, heads, q_len, splits))
+        if not rows:
+            print(f"{name}: no stamps (build with CUDAFLAGS=-DMLA_TRACE=1)", file=sys.stderr)
+            return 1
+        summary = summarize(rows)
+        report.append({"case": {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged")},
+                       "num_kv_splits": splits, "code_warm": args.code_warm, "summary": summary})
+        print(f"\n{name}, {splits} split(s), {len(rows)} CTA records over {args.reps} calls"
+              f"{' (code warm)' if args.code_warm else ''}: us, median [p10, p90]")
+        for group, table in summary.items():
+            cells = []
+            for k, v in table.items():
+                if v is not None:
+                    cells.append(f"{k} {v['median']:.2f} [{v['p10']:.2f}, {v['p90']:.2f}]")
+            print(f"  {group} ({table['cta']['n'] if table['cta'] else 0} CTAs): " + "; ".join(cells))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
