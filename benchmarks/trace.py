@@ -19,6 +19,12 @@ are read back. Phases per CTA (us; medians over all CTAs of all calls, with the 
   spread   : CTA entry - the earliest entry of the call (when a CTA started: launch order and waves)
   wave     : CTAs that entered after another CTA on the same SM had finished (second and later waves)
 
+With --balanced the call is MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, as
+bench.py --balanced): its CTAs cover several requests each and stamp into a tail the script appends to
+the plan's workspace; besides the phases above (no q for them), a least-squares fit of each CTA's time
+over its tiles and its segments (requests it touches) gives the per-tile rate, the cost of a segment
+and the fixed cost: the terms of the schedule's cost model (templates/mla/schedule.cuh).
+
 A build without MLA_TRACE writes no stamps; the script then says so. Needs exact compiled head counts
 (no masked rows) and records splits 0-15 of each row block.
 """
@@ -35,7 +41,7 @@ import torch  # noqa: E402
 
 SLOTS = 8                 # 64-bit stamps per CTA (templates/mla/trace.cuh TraceSlot)
 MAX_SPLITS = 16           # splits per row block with stamps (kTraceMaxSplits)
-ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO = range(7)
+ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS = range(8)
 ROW_BLOCK_64 = 64
 
 
@@ -65,6 +71,35 @@ def cta_records(spare: torch.Tensor, num_heads: int, q_len: int, splits: int) ->
     return out
 
 
+def scheduled_records(tail: torch.Tensor) -> list[dict]:
+    """The stamps of a balanced-schedule launch: tail int64 [grid CTAs, 8], CTA x = m_block +
+    num_m_blocks * c at row x (templates/mla/trace.cuh trace_sink_scheduled)."""
+    out = []
+    for x, row in enumerate(tail.cpu().tolist()):
+        if row[ENTRY] == 0:
+            continue
+        out.append({"cta_index": x, "stamps": [int(v) for v in row], "sm": (row[INFO] >> 32) & 0xffffffff,
+                    "tiles": row[INFO] & 0xffffffff, "segments": row[SEGMENTS]})
+    return out
+
+
+def fit_cost(rows: list[dict]) -> dict | None:
+    """Least squares of each CTA's time (entry -> stored, us) = fixed + per_tile * tiles + per_segment *
+    segments over the given phase rows (scheduled CTAs); None with fewer than 4 CTAs or when tiles and
+    segments do not vary independently."""
+    pts = [(r["tiles"], r["segments"], r["cta"]) for r in rows if r.get("cta") is not None and r.get("segments") is not None]
+    if len(pts) < 4:
+        return None
+    a = torch.tensor([[1.0, t, g] for t, g, _ in pts], dtype=torch.float64)
+    y = torch.tensor([[c] for _, _, c in pts], dtype=torch.float64)
+    if int(torch.linalg.matrix_rank(a)) < 3:
+        return None
+    coef = torch.linalg.lstsq(a, y).solution.flatten().tolist()
+    resid = (a @ torch.tensor(coef, dtype=torch.float64)[:, None] - y).flatten()
+    return {"fixed_us": coef[0], "per_tile_us": coef[1], "per_segment_us": coef[2],
+            "rms_residual_us": float(resid.pow(2).mean().sqrt()), "n": len(pts)}
+
+
 def phases(records: list[dict]) -> list[dict]:
     """Per CTA of one call: the phase durations of the module docstring (us; None where a stamp is
     missing, e.g. no Q for a CTA without tiles) and whether it ran in a later wave on its SM."""
@@ -90,7 +125,8 @@ def phases(records: list[dict]) -> list[dict]:
         res.append({"start": d(ENTRY, PRODUCER_START), "q": d(ENTRY, Q_LANDED), "loop": loop,
                     "loop_per_tile": loop / r["tiles"] if loop is not None and r["tiles"] else None,
                     "epilogue": d(LOOP_DONE, STORED), "cta": d(ENTRY, STORED), "producer": d(ENTRY, PRODUCER_DONE),
-                    "spread": (s[ENTRY] - t0) / 1e3, "tiles": r["tiles"], "later_wave": id(r) in later})
+                    "spread": (s[ENTRY] - t0) / 1e3, "tiles": r["tiles"], "segments": r.get("segments"),
+                    "later_wave": id(r) in later})
     return res
 
 
@@ -147,27 +183,68 @@ def main(argv=None) -> int:
             bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
                              bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
 
+        def read():
+            return phases(cta_records(big[..., bench.V_DIM:].contiguous().view(torch.int64), heads, q_len, splits))
+
+        def reset():
+            big[..., bench.V_DIM:].zero_()
+
+        if args.balanced:
+            max_keys = inputs["block_table"].shape[1] * page
+            plan = bench.MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
+                                       kv_dtype=inputs["kv_cache"].dtype, max_seq_len=max_keys, balanced=True)
+            kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
+            if not plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
+                print(f"{name}: skipped (the balanced schedule does not serve this case)")
+                continue
+            splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
+            # The tail past the partial results (the kernel's split_workspace_bytes, rounded up to 8).
+            results = (batch + plan.sched_ctas) * q_len * heads * (bench.V_DIM + 1) * 4
+            offset = -(-results // 8) * 8
+            ctas = plan.sched_ctas * -(-heads * q_len // rows_per_cta(heads))
+            size = max(plan.workspace_bytes, offset) + ctas * SLOTS * 8
+            plan.workspace = torch.zeros(size, dtype=torch.uint8, device=device)
+            plan.workspace_bytes = size
+
+            def call():  # noqa: F811
+                plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
+                         out=out, lse=lse, k_scale=k_scale)
+
+            def read():  # noqa: F811
+                tail = plan.workspace[offset:offset + ctas * SLOTS * 8].view(torch.int64).view(ctas, SLOTS)
+                return phases(scheduled_records(tail))
+
+            def reset():  # noqa: F811
+                plan.workspace[offset:].zero_()
+
         for _ in range(args.warmup):
             call()
         rows = []
         for _ in range(args.reps):
-            big[..., bench.V_DIM:].zero_()
+            reset()
             flush()
             if warm is not None:
                 warm()
             call()
             torch.cuda.synchronize()
-            spare = big[..., bench.V_DIM:].contiguous().view(torch.int64)
-            rows += phases(cta_records(spare, heads, q_len, splits))
+            rows += read()
         if not rows:
             print(f"{name}: no stamps (build with CUDAFLAGS=-DMLA_TRACE=1)", file=sys.stderr)
             return 1
         summary = summarize(rows)
+        if args.balanced:
+            summary["cost_fit"] = fit_cost(rows)
         report.append({"case": {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged")},
                        "num_kv_splits": splits, "code_warm": args.code_warm, "summary": summary})
         print(f"\n{name}, {splits} split(s), {len(rows)} CTA records over {args.reps} calls"
               f"{' (code warm)' if args.code_warm else ''}: us, median [p10, p90]")
         for group, table in summary.items():
+            if group == "cost_fit":
+                if table:
+                    print(f"  CTA time ~ {table['fixed_us']:.2f} + {table['per_tile_us']:.3f} x tiles + "
+                          f"{table['per_segment_us']:.2f} x segments us (rms residual {table['rms_residual_us']:.2f}, "
+                          f"{table['n']} CTAs)")
+                continue
             cells = []
             for k, v in table.items():
                 if v is not None:

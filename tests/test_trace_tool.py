@@ -53,3 +53,20 @@ def test_phases_and_waves(trace):
     summary = trace.summarize(rows)
     assert summary["all"]["cta"]["n"] == 3 and summary["later_waves"]["q"]["median"] == pytest.approx(2.0)
     assert summary["all"]["q"]["n"] == 2
+
+
+def test_scheduled_records_and_the_cost_fit(trace):
+    # Six scheduled CTAs whose times follow 5 + 1.5 tiles + 3 segments us exactly.
+    tail = torch.zeros(7, 8, dtype=torch.int64)
+    plan = [(4, 1), (6, 1), (4, 2), (8, 3), (2, 2), (10, 1)]
+    for x, (tiles, segs) in enumerate(plan):
+        t = 5 + 1.5 * tiles + 3 * segs
+        tail[x] = torch.tensor([1000, 1100, 0, 0, 1000 + int(t * 1000), 0, (x << 32) | tiles, segs])
+    recs = trace.scheduled_records(tail)  # row 6 never stamped: no record
+    assert [r["cta_index"] for r in recs] == list(range(6)) and recs[3]["segments"] == 3 and recs[3]["sm"] == 3
+    rows = trace.phases(recs)
+    assert rows[0]["q"] is None and rows[0]["cta"] == pytest.approx(14.0)
+    fit = trace.fit_cost(rows)
+    assert fit["fixed_us"] == pytest.approx(5.0) and fit["per_tile_us"] == pytest.approx(1.5)
+    assert fit["per_segment_us"] == pytest.approx(3.0) and fit["rms_residual_us"] < 1e-6
+    assert trace.fit_cost(rows[:3]) is None  # too few CTAs

@@ -86,6 +86,10 @@ __host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDeco
   const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
   return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
 }
+// Bytes of the workspace the partial results take (o and lse).
+__host__ __device__ __forceinline__ int64_t split_workspace_bytes(const MlaDecodeArgs& a) {
+  return workspace_pieces(a) * a.q_len * a.num_heads * (kHeadDimV + 1) * int64_t(sizeof(float));
+}
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
 __host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
@@ -479,6 +483,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     t = sv.bound_tile(c);
   }
   int state = 0;
+  if constexpr (MLA_TRACE != 0) trace_sink_scheduled(p.a, split_workspace_bytes(p.a), threadIdx.x == 0).stamp(kTraceProducerStart);
   for (;; ++b, t = 0) {
     int c, m_block;
     sched_cta(p, c, m_block);
@@ -492,6 +497,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
     state |= 8;
   }
+  if constexpr (MLA_TRACE != 0) trace_sink_scheduled(p.a, split_workspace_bytes(p.a), threadIdx.x == 0).stamp(kTraceProducerDone);
 }
 
 // The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
@@ -516,6 +522,12 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
       u1 += w.num_tiles / 2;
       ++k;
     }
+  }
+  if constexpr (MLA_TRACE != 0) {  // k: segments with tiles; u0 + u1: their tiles
+    const TraceSink tr = trace_sink_scheduled(a, split_workspace_bytes(a), threadIdx.x == kProducerThreads);
+    tr.stamp(kTraceStored);
+    tr.info(u0 + u1);
+    tr.put(kTraceSegments, uint64_t(k));
   }
   allow_dependent_launch<SPLIT>();
 }
@@ -569,6 +581,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     return t;
   };
   trace_here(threadIdx.x == kProducerThreads).stamp(kTraceEntry);
+  if constexpr (MLA_TRACE != 0 && SCHED) {
+    trace_sink_scheduled(a, split_workspace_bytes(a), threadIdx.x == kProducerThreads).stamp(kTraceEntry);
+  }
   CtaWork w0{};
   if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 

@@ -5,6 +5,9 @@
 // out_big[..., :512] of a [batch, q_len, num_heads, 1024] buffer (scripts/trace_case.py does), and a
 // CTA traces only when out's head stride is at least 1024 elements, so a normal `out` is never
 // written past its rows. The stamps of split s sit at 64-bit word 8 s of the spare half (splits 0-15).
+// The balanced schedule's CTAs (no out row of their own) stamp into the workspace instead, past its
+// partial results: CTA x (grid x index) at 64-bit word 8 x of the tail, when the launch's
+// workspace_bytes covers the tail (benchmarks/trace.py --balanced enlarges the plan's workspace).
 #pragma once
 #include <stdint.h>
 
@@ -24,7 +27,8 @@ enum TraceSlot : int {
   kTraceLoopDone = 3,       // first math thread: its warpgroup's main loop done (before the row sums / merge)
   kTraceStored = 4,         // first math thread: past its epilogue's stores
   kTraceProducerDone = 5,   // producer thread 0: its last copy landed
-  kTraceInfo = 6,           // (sm id << 32) | tiles of the split
+  kTraceInfo = 6,           // (sm id << 32) | tiles of the split (scheduled CTA: of all its segments)
+  kTraceSegments = 7,       // scheduled CTA: its segments with tiles
 };
 constexpr int kTraceSlots = 8;
 constexpr int kTraceMaxSplits = kHeadDimV * 2 / 8 / kTraceSlots;  // 16: 8 stamps each in 1024 spare bytes
@@ -41,6 +45,11 @@ struct TraceSink {
   __device__ __forceinline__ void stamp(int slot) const {
     if constexpr (MLA_TRACE != 0) {
       if (p != nullptr) p[slot] = global_timer_ns();
+    }
+  }
+  __device__ __forceinline__ void put(int slot, uint64_t v) const {
+    if constexpr (MLA_TRACE != 0) {
+      if (p != nullptr) p[slot] = v;
     }
   }
   __device__ __forceinline__ void info(int tiles) const {
@@ -68,6 +77,20 @@ __device__ __forceinline__ TraceSink trace_sink(const MlaDecodeArgs& a, int b, i
                   (int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
                    kHeadDimV) * 2;
       s.p = reinterpret_cast<uint64_t*>(row) + split * kTraceSlots;
+    }
+  }
+  return s;
+}
+
+// The sink of scheduled CTA x (grid x index) of a launch whose partial results take result_bytes of
+// the workspace (split_workspace); null unless the workspace holds the tail of gridDim.x stamp blocks.
+__device__ __forceinline__ TraceSink trace_sink_scheduled(const MlaDecodeArgs& a, int64_t result_bytes, bool tracer) {
+  TraceSink s{nullptr};
+  if constexpr (MLA_TRACE != 0) {
+    const int64_t tail = int64_t(gridDim.x) * kTraceSlots * 8;
+    if (tracer && a.workspace != nullptr && a.workspace_bytes >= ((result_bytes + 7) / 8) * 8 + tail) {
+      s.p = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(a.workspace) + (result_bytes + 7) / 8 * 8) +
+            int64_t(blockIdx.x) * kTraceSlots;
     }
   }
   return s;
