@@ -564,6 +564,18 @@ def parse_args(argv=None, description: str | None = None):
     return args
 
 
+def tool_setup(argv, doc: str, tool: str):
+    """The shared start of the benchmark's companion tools (timeline.py, trace.py): bench.py's options
+    under the tool's description, the GPU check, and the selected cases. Returns (args, cases, anchors
+    meta), or None after saying on stderr that no GPU is available."""
+    args = parse_args(argv, description=doc.split("\n\n")[0])
+    if not torch.cuda.is_available():
+        print(f"no CUDA GPU available: the {tool} needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+        return None
+    cases, meta, _ = load_cases(args)
+    return args, select_cases(cases, args), meta
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.tree_hash:

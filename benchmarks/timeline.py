@@ -74,12 +74,10 @@ def _median(xs) -> float | None:
 
 
 def main(argv=None) -> int:
-    args = bench.parse_args(argv, description=__doc__.split("\n\n")[0])
-    if not torch.cuda.is_available():
-        print("no CUDA GPU available: the timeline needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+    setup = bench.tool_setup(argv, __doc__, "timeline")
+    if setup is None:
         return 1
-    cases, _, _ = bench.load_cases(args)
-    cases = bench.select_cases(cases, args)
+    args, cases, _ = setup
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count

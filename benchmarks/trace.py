@@ -148,12 +148,10 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    args = bench.parse_args(argv, description=__doc__.split("\n\n")[0])
-    if not torch.cuda.is_available():
-        print("no CUDA GPU available: the trace needs an sm_90a GPU (H100/H200)", file=sys.stderr)
+    setup = bench.tool_setup(argv, __doc__, "trace")
+    if setup is None:
         return 1
-    cases, meta, _ = bench.load_cases(args)
-    cases = bench.select_cases(cases, args)
+    args, cases, meta = setup
     q_len = int(meta.get("q_len", 1))
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]

@@ -70,3 +70,9 @@ def test_scheduled_records_and_the_cost_fit(trace):
     assert fit["fixed_us"] == pytest.approx(5.0) and fit["per_tile_us"] == pytest.approx(1.5)
     assert fit["per_segment_us"] == pytest.approx(3.0) and fit["rms_residual_us"] < 1e-6
     assert trace.fit_cost(rows[:3]) is None  # too few CTAs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_without_a_gpu_it_says_so_and_fails(trace, capsys):
+    assert trace.main(["--heads", "128"]) == 1
+    assert "no CUDA GPU available: the trace needs an sm_90a GPU" in capsys.readouterr().err
