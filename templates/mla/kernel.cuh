@@ -556,8 +556,6 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
-  // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
-  // their own after setmaxnreg, so that nothing computed here stays live into their region).
   // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels only
   // (the fp8 producers round Q after copying it; a scheduled CTA learns its request from the schedule).
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && !Types::kFp8;
@@ -584,6 +582,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   if constexpr (MLA_TRACE != 0 && SCHED) {
     trace_sink_scheduled(a, split_workspace_bytes(a), threadIdx.x == kProducerThreads).stamp(kTraceEntry);
   }
+  // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
+  // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
   if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 
