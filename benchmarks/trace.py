@@ -3,14 +3,15 @@
     CUDAFLAGS=-DMLA_TRACE=1 mla-variants build --filter 'h128_p64_bf16*' --build-dir /tmp/bt --generated-dir /tmp/gt
     MLA_VARIANTS_GENERATED=/tmp/gt python benchmarks/trace.py --heads 128 --page 64 --batch 128 --seq 1024
 
-Takes the same case filters as benchmarks/bench.py. A trace build (templates/mla/trace.cuh) makes every
-CTA of a uniform launch stamp %globaltimer into the spare columns 512..1023 of its first query row of
-`out`, which this script passes as a view of a [batch, q_len, num_heads, 1024] buffer. Each case is
-called --reps times cold (L2 flushed, as bench.py times a call; --code-warm: with the kernels' code
-brought back into L2 after the flush, as bench.py --code-warm) and the stamps of every CTA of every call
-are read back. Phases per CTA (us; medians over all CTAs of all calls, with the 10th and 90th percentile):
+Takes the same case filters as benchmarks/bench.py. In a trace build (templates/mla/trace.cuh) every
+decode CTA stamps %globaltimer into its own words of a buffer the library owns; this script clears it
+before each call and reads it after (mla_variants_trace_clear / _read). Each case is called --reps
+times cold (L2 flushed, as bench.py times a call; --code-warm: with the kernels' code brought back
+into L2 after the flush, as bench.py --code-warm). Phases per CTA (us; medians over all CTAs of all
+calls, with the 10th and 90th percentile):
 
-  start    : CTA entry -> the producer starts copying (seq_lens load, barrier set-up, register handover)
+  start    : CTA entry -> producer thread 0 past the barrier set-up (seq_lens load, barrier init,
+             register handover; with MLA_Q_FIRST Q's copies are already in flight by then)
   q        : CTA entry -> Q in shared memory, as the first math thread sees it
   loop     : Q -> the first math warpgroup's main loop is done (also per tile: loop / tiles)
   epilogue : main loop done -> past the first math thread's stores (row sums, merge, stores)
@@ -20,16 +21,18 @@ are read back. Phases per CTA (us; medians over all CTAs of all calls, with the 
   wave     : CTAs that entered after another CTA on the same SM had finished (second and later waves)
 
 With --balanced the call is MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, as
-bench.py --balanced): its CTAs cover several requests each and stamp into a tail the script appends to
-the plan's workspace; besides the phases above (no q for them), a least-squares fit of each CTA's time
-over its tiles and its segments (requests it touches) gives the per-tile rate, the cost of a segment
-and the fixed cost: the terms of the schedule's cost model (templates/mla/schedule.cuh).
+bench.py --balanced): its CTAs cover several requests each; they stamp entry, the producer's start and
+end, the last stores, their tiles and their segments (requests with tiles), so besides the phases (no
+q or loop for them) a least-squares fit of each CTA's time over its tiles and segments gives the
+per-tile rate, the cost of a segment and the fixed cost: the terms of the schedule's cost model
+(templates/mla/schedule.cuh).
 
-A build without MLA_TRACE writes no stamps; the script then says so. Needs exact compiled head counts
-(no masked rows) and records splits 0-15 of each row block.
+A build without MLA_TRACE has no stamps; the script then says so. Cases need an exact compiled head
+count (no masked rows, no head groups: the row blocks must be the kernel's).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
 import sys
@@ -39,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
+from mla_variants import _binding  # noqa: E402
+
 SLOTS = 8                 # 64-bit stamps per CTA (templates/mla/trace.cuh TraceSlot)
-MAX_SPLITS = 16           # splits per row block with stamps (kTraceMaxSplits)
 ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS = range(8)
 ROW_BLOCK_64 = 64
 
@@ -50,37 +54,47 @@ def rows_per_cta(num_heads: int) -> int:
     return 8 if num_heads <= 8 else 16 if num_heads <= 16 else ROW_BLOCK_64
 
 
-def cta_records(spare: torch.Tensor, num_heads: int, q_len: int, splits: int) -> list[dict]:
-    """The stamps of every CTA from the spare halves of `out`'s rows. spare: int64 [batch, q_len,
-    num_heads, 128] (columns 512..1023 of each row, viewed as 64-bit words). Returns one dict per CTA
-    that stamped (entry != 0): b, m_block, split, the raw stamps (ns) and sm / tiles."""
-    rows = rows_per_cta(num_heads)
-    m_blocks = -(-num_heads * q_len // rows)
-    batch = spare.shape[0]
-    cpu = spare.cpu()
+def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
+    """The stamps of one launch: words int64 [CTAs, 8], CTA (x, y) at row x + grid_x y. x = m_block +
+    m_blocks * unit, where unit is the request (uniform launch; y its split) or the schedule's CTA
+    (balanced). Returns one dict per CTA that stamped (entry != 0)."""
     out = []
-    for b in range(batch):
-        for m in range(m_blocks):
-            qi, h = divmod(m * rows, num_heads)
-            for split in range(min(splits, MAX_SPLITS)):
-                st = [int(x) for x in cpu[b, qi, h, split * SLOTS:(split + 1) * SLOTS]]
-                if st[ENTRY] == 0:
-                    continue
-                out.append({"b": b, "m_block": m, "split": split, "stamps": st,
-                            "sm": (st[INFO] >> 32) & 0xffffffff, "tiles": st[INFO] & 0xffffffff})
-    return out
-
-
-def scheduled_records(tail: torch.Tensor) -> list[dict]:
-    """The stamps of a balanced-schedule launch: tail int64 [grid CTAs, 8], CTA x = m_block +
-    num_m_blocks * c at row x (templates/mla/trace.cuh trace_sink_scheduled)."""
-    out = []
-    for x, row in enumerate(tail.cpu().tolist()):
+    for i, row in enumerate(words.cpu().tolist()):
         if row[ENTRY] == 0:
             continue
-        out.append({"cta_index": x, "stamps": [int(v) for v in row], "sm": (row[INFO] >> 32) & 0xffffffff,
-                    "tiles": row[INFO] & 0xffffffff, "segments": row[SEGMENTS]})
+        x, y = i % grid_x, i // grid_x
+        out.append({"unit": x // m_blocks, "m_block": x % m_blocks, "split": y, "stamps": [int(v) for v in row],
+                    "sm": (row[INFO] >> 32) & 0xffffffff, "tiles": row[INFO] & 0xffffffff, "segments": row[SEGMENTS]})
     return out
+
+
+class TraceBuffer:
+    """The trace buffer of the loaded library (exports.cu): clear before a call, read after it."""
+
+    def __init__(self):
+        cdll = _binding.library().cdll
+        try:
+            self._bytes, self._read, self._clear = (cdll.mla_variants_trace_bytes, cdll.mla_variants_trace_read,
+                                                    cdll.mla_variants_trace_clear)
+        except AttributeError:
+            self.capacity = 0
+            return
+        self._bytes.restype = ctypes.c_int64
+        self._read.argtypes, self._read.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int
+        self._clear.restype = ctypes.c_int
+        self.capacity = int(self._bytes()) // (SLOTS * 8)  # CTAs; 0: not a trace build
+
+    def clear(self) -> None:
+        code = self._clear()
+        if code:
+            raise RuntimeError(f"mla_variants_trace_clear failed (CUDA error {code})")
+
+    def read(self, ctas: int) -> torch.Tensor:
+        words = torch.zeros(min(ctas, self.capacity), SLOTS, dtype=torch.int64)
+        code = self._read(words.data_ptr(), words.numel() * 8)
+        if code:
+            raise RuntimeError(f"mla_variants_trace_read failed (CUDA error {code})")
+        return words
 
 
 def fit_cost(rows: list[dict]) -> dict | None:
@@ -156,36 +170,38 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    compiled = {(h, p, d) for h, p, d, _ in bench.list_variants()}
+    compiled = set(bench.list_variants())
+    trace_buf = TraceBuffer()
+    if trace_buf.capacity == 0:
+        print("this library has no trace buffer: build it with CUDAFLAGS=-DMLA_TRACE=1 (and point "
+              "MLA_VARIANTS_GENERATED at that build)", file=sys.stderr)
+        return 1
     pool, flush = bench.KVPool(device), bench.L2Flush(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
     report = []
     for case in cases:
         heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
-        name = f"{heads} x {len(seq_lens)} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
-        if (heads, page, args.dtype) not in compiled:
-            print(f"{name}: skipped (no exact {heads}-head page-{page} {args.dtype} variant in this build)")
-            continue
-        splits = bench.case_splits(case, args, q_len, sm_count)
-        inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         batch = len(seq_lens)
-        big = torch.zeros(batch, q_len, heads, 2 * bench.V_DIM, dtype=inputs["q"].dtype, device=device)
-        out = big[..., :bench.V_DIM]
+        name = f"{heads} x {batch} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
+        splits = bench.case_splits(case, args, q_len, sm_count)
+        split = splits > 1 or args.balanced
+        if (heads, page, args.dtype, split) not in compiled and (split or (heads, page, args.dtype, True) not in compiled):
+            print(f"{name}: skipped (no exact {heads}-head page-{page} {args.dtype} "
+                  f"{'split' if split else 'nosplit'} variant in this build)")
+            continue
+        inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
+        out = torch.empty(batch, q_len, heads, bench.V_DIM, dtype=inputs["q"].dtype, device=device)
         lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
         ws = torch.empty(max(bench.workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
         k_scale = bench.K_SCALE if dtype == torch.float8_e4m3fn else None
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
+        m_blocks = -(-heads * q_len // rows_per_cta(heads))
+        grid_x, grid_y = m_blocks * batch, splits
 
         def call():
             bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
                              bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
-
-        def read():
-            return phases(cta_records(big[..., bench.V_DIM:].contiguous().view(torch.int64), heads, q_len, splits))
-
-        def reset():
-            big[..., bench.V_DIM:].zero_()
 
         if args.balanced:
             max_keys = inputs["block_table"].shape[1] * page
@@ -196,38 +212,24 @@ def main(argv=None) -> int:
                 print(f"{name}: skipped (the balanced schedule does not serve this case)")
                 continue
             splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
-            # The tail past the partial results (the kernel's split_workspace_bytes, rounded up to 8).
-            results = (batch + plan.sched_ctas) * q_len * heads * (bench.V_DIM + 1) * 4
-            offset = -(-results // 8) * 8
-            ctas = plan.sched_ctas * -(-heads * q_len // rows_per_cta(heads))
-            size = max(plan.workspace_bytes, offset) + ctas * SLOTS * 8
-            plan.workspace = torch.zeros(size, dtype=torch.uint8, device=device)
-            plan.workspace_bytes = size
+            grid_x, grid_y = m_blocks * plan.sched_ctas, 1
 
             def call():  # noqa: F811
                 plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
                          out=out, lse=lse, k_scale=k_scale)
 
-            def read():  # noqa: F811
-                tail = plan.workspace[offset:offset + ctas * SLOTS * 8].view(torch.int64).view(ctas, SLOTS)
-                return phases(scheduled_records(tail))
-
-            def reset():  # noqa: F811
-                plan.workspace[offset:].zero_()
-
         for _ in range(args.warmup):
             call()
         rows = []
         for _ in range(args.reps):
-            reset()
+            trace_buf.clear()
             flush()
             if warm is not None:
                 warm()
             call()
-            torch.cuda.synchronize()
-            rows += read()
+            rows += phases(cta_records(trace_buf.read(grid_x * grid_y), m_blocks, grid_x))
         if not rows:
-            print(f"{name}: no stamps (build with CUDAFLAGS=-DMLA_TRACE=1)", file=sys.stderr)
+            print(f"{name}: no stamps (is this an MLA_TRACE=1 build?)", file=sys.stderr)
             return 1
         summary = summarize(rows)
         if args.balanced:
@@ -243,10 +245,7 @@ def main(argv=None) -> int:
                           f"{table['per_segment_us']:.2f} x segments us (rms residual {table['rms_residual_us']:.2f}, "
                           f"{table['n']} CTAs)")
                 continue
-            cells = []
-            for k, v in table.items():
-                if v is not None:
-                    cells.append(f"{k} {v['median']:.2f} [{v['p10']:.2f}, {v['p90']:.2f}]")
+            cells = [f"{k} {v['median']:.2f} [{v['p10']:.2f}, {v['p90']:.2f}]" for k, v in table.items() if v is not None]
             print(f"  {group} ({table['cta']['n'] if table['cta'] else 0} CTAs): " + "; ".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -123,15 +123,32 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
 def test_prepared_kernel_switches_compile_without_spills(tmp_path):
     """The switches kept on main for A/B runs on the GPU (MLA_Q_FIRST: Q copies before the seq_lens
     load; MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py) must keep compiling, without
-    spills, on both kernel paths: a 64-row variant and a transposed-path split variant."""
+    spills, on every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose
+    40-register producer and the 208-register fp8 math warpgroups spilled in a first trace build), the
+    64-row fp8 path, and the transposed path."""
     import os
     env = {**os.environ, "CUDAFLAGS": "-DMLA_Q_FIRST=1 -DMLA_TRACE=1"}
-    p = subprocess.run([sys.executable, "-m", "codegen", "build", "--filter", "h64_p64_bf16_nosplit",
-                        "--filter", "h16_p1_bf16_split", "--generated-dir", str(tmp_path / "generated"),
+    names = ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split", "mla_decode_h128_p64_fp8_e4m3_split",
+             "mla_decode_h16_p1_bf16_split"]
+    filters = [arg for name in names for arg in ("--filter", name.removeprefix("mla_decode_"))]
+    p = subprocess.run([sys.executable, "-m", "codegen", "build", *filters, "--generated-dir", str(tmp_path / "generated"),
                         "--build-dir", str(tmp_path / "build")], capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built 2 variants" in p.stdout
+    assert f"built {len(names)} variants" in p.stdout
     usage = json.loads((tmp_path / "build" / "resource_usage.json").read_text())
-    assert set(usage) == {"mla_decode_h64_p64_bf16_nosplit", "mla_decode_h16_p1_bf16_split"}
+    assert set(usage) == set(names)
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
+
+
+@needs_nvcc
+def test_a_default_build_has_no_trace_buffer(ci_build):
+    """benchmarks/trace.py asks the library for its trace buffer: a build without MLA_TRACE says it has
+    none and refuses to read, instead of handing back stale or missing memory."""
+    _, bld, _, _ = ci_build
+    lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
+    lib.mla_variants_trace_bytes.restype = ctypes.c_int64
+    lib.mla_variants_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    assert lib.mla_variants_trace_bytes() == 0
+    buf = ctypes.create_string_buffer(64)
+    assert lib.mla_variants_trace_read(buf, 64) != 0 and lib.mla_variants_trace_clear() != 0

@@ -68,7 +68,19 @@ struct DecodeParams {
   int use_tma;
   CUtensorMap kv_map;
 #endif
+#if MLA_TRACE
+  uint64_t* trace;      // the library's trace buffer (trace.cuh), or null
+#endif
 };
+
+// The calling CTA's phase-trace sink for thread `thread` (trace.cuh); a no-op unless MLA_TRACE.
+__device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread) {
+#if MLA_TRACE
+  return trace_sink(p.trace, thread);
+#else
+  return TraceSink{nullptr};
+#endif
+}
 
 // Where the split-KV partial results live inside the workspace: one [q_len, num_heads] block of rows
 // per piece. Uniform split: piece split * batch + b; balanced schedule: the pieces schedule.cuh numbers,
@@ -85,10 +97,6 @@ __host__ __device__ __forceinline__ int64_t workspace_pieces(const MlaDecodeArgs
 __host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDecodeArgs& a) {
   const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
   return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
-}
-// Bytes of the workspace the partial results take (o and lse).
-__host__ __device__ __forceinline__ int64_t split_workspace_bytes(const MlaDecodeArgs& a) {
-  return workspace_pieces(a) * a.q_len * a.num_heads * (kHeadDimV + 1) * int64_t(sizeof(float));
 }
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
@@ -356,8 +364,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // out/lse (piece_row -1) or to the workspace piece starting at row piece_row. phases: the ring stages'
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
-// still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE
-// build), the sink made where it is used so that no pointer stays live through the main loop.
+// still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
 template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
@@ -390,7 +397,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
   }
-  if constexpr (kTrace) trace_sink<NUM_HEADS>(a, w.b, w.m_block * kBlockM, w.split, tid == 0).stamp(kTraceLoopDone);
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
 
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
   CUTE_UNROLL
@@ -421,7 +428,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12).
     store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
   }
-  if constexpr (kTrace) trace_sink<NUM_HEADS>(a, w.b, w.m_block * kBlockM, w.split, tid == 0).stamp(kTraceStored);
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceStored);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -483,7 +490,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     t = sv.bound_tile(c);
   }
   int state = 0;
-  if constexpr (MLA_TRACE != 0) trace_sink_scheduled(p.a, split_workspace_bytes(p.a), threadIdx.x == 0).stamp(kTraceProducerStart);
+  trace_at(p, 0).stamp(kTraceProducerStart);
   for (;; ++b, t = 0) {
     int c, m_block;
     sched_cta(p, c, m_block);
@@ -497,7 +504,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
     state |= 8;
   }
-  if constexpr (MLA_TRACE != 0) trace_sink_scheduled(p.a, split_workspace_bytes(p.a), threadIdx.x == 0).stamp(kTraceProducerDone);
+  trace_at(p, 0).stamp(kTraceProducerDone);
 }
 
 // The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
@@ -524,7 +531,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
     }
   }
   if constexpr (MLA_TRACE != 0) {  // k: segments with tiles; u0 + u1: their tiles
-    const TraceSink tr = trace_sink_scheduled(a, split_workspace_bytes(a), threadIdx.x == kProducerThreads);
+    const TraceSink tr = trace_at(p, kProducerThreads);
     tr.stamp(kTraceStored);
     tr.info(u0 + u1);
     tr.put(kTraceSegments, uint64_t(k));
@@ -566,22 +573,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
     }
   }
-  // MLA_TRACE (trace.cuh): producer thread 0 and the first math thread stamp the CTA's phases. Each
-  // role makes its own sink from %ctaid (nothing stays live across setmaxnreg: the 40-register
-  // producer spilled when one sink was shared).
-  auto trace_here = [&](bool tracer) {
-    TraceSink t{nullptr};
-    if constexpr (MLA_TRACE != 0 && !SCHED) {
-      int b, m_block, split;
-      cta_coords(p, b, m_block, split);
-      t = trace_sink<NUM_HEADS>(a, b, m_block * kRowBlock<NUM_HEADS>, split, tracer);
-    }
-    return t;
-  };
-  trace_here(threadIdx.x == kProducerThreads).stamp(kTraceEntry);
-  if constexpr (MLA_TRACE != 0 && SCHED) {
-    trace_sink_scheduled(a, split_workspace_bytes(a), threadIdx.x == kProducerThreads).stamp(kTraceEntry);
-  }
+  // MLA_TRACE (trace.cuh): producer thread 0 and the first math thread stamp the CTA's phases.
+  trace_at(p, kProducerThreads).stamp(kTraceEntry);
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
@@ -622,7 +615,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
     if (num_tiles > 0) {
-      trace_here(threadIdx.x == 0).stamp(kTraceProducerStart);
+      trace_at(p, 0).stamp(kTraceProducerStart);
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
@@ -636,7 +629,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
 #endif
         produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
       }
-      trace_here(threadIdx.x == 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
+      trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {
       cp_async_wait_all();  // no tiles (empty split or bad seq_len): Q went unused; do not retire with copies in flight
     }
@@ -652,7 +645,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
             num_tiles = w.num_tiles;
   const bool bad_len = w.bad_len;
   if constexpr (MLA_TRACE != 0) {
-    const TraceSink tr = trace_here(threadIdx.x == kProducerThreads);
+    const TraceSink tr = trace_at(p, kProducerThreads);
     tr.info(num_tiles);
     if (num_tiles > 0 && tr.p != nullptr) {  // Q's arrival, seen by the first math thread alone
       wait_barrier(&s.q_full, 0);
@@ -712,10 +705,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
         consume_st(s, ctx, tOrO, m_run, l_run);
       }
     }
-    trace_here(threadIdx.x == kProducerThreads).stamp(kTraceLoopDone);
+    trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
     merge_st(s, ctx, tOrO, m_run, l_run);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
-    trace_here(threadIdx.x == kProducerThreads).stamp(kTraceStored);
+    trace_at(p, kProducerThreads).stamp(kTraceStored);
     allow_dependent_launch<SPLIT>();
     return;
   } else {

@@ -126,6 +126,9 @@ int launch(const MlaDecodeArgs* args) {
   constexpr int kRows = kRowBlock<NUM_HEADS>;  // 64, or 8 / 16 on the transposed path (MLA_ST)
   p.num_m_blocks = (NUM_HEADS * a.q_len + kRows - 1) / kRows;
   p.scale_log2 = a.softmax_scale * kLog2e;
+#if MLA_TRACE
+  p.trace = trace_buffer();
+#endif
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
