@@ -27,8 +27,10 @@ q or loop for them) a least-squares fit of each CTA's time over its tiles and se
 per-tile rate, the cost of a segment and the fixed cost: the terms of the schedule's cost model
 (templates/mla/schedule.cuh).
 
-A build without MLA_TRACE has no stamps; the script then says so. Cases need an exact compiled head
-count (no masked rows, no head groups: the row blocks must be the kernel's).
+A build without MLA_TRACE has no stamps; the script then says so. A case runs only where its call
+is one launch of a variant compiled for exactly its head count (no masked rows, no head groups), so
+that the CTA indices decode to the kernel's row blocks; the decoding assumes the default transposed
+path for up to 16 heads (a -DMLA_ST=0 build would be decoded wrongly).
 """
 from __future__ import annotations
 
@@ -69,20 +71,28 @@ def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
 
 
 class TraceBuffer:
-    """The trace buffer of the loaded library (exports.cu): clear before a call, read after it."""
+    """The trace buffer of the loaded library (exports.cu): clear before a call, read after it, and
+    switch stamping off around calls that must not overwrite it (the --code-warm call)."""
 
     def __init__(self):
         cdll = _binding.library().cdll
         try:
-            self._bytes, self._read, self._clear = (cdll.mla_variants_trace_bytes, cdll.mla_variants_trace_read,
-                                                    cdll.mla_variants_trace_clear)
-        except AttributeError:
+            self._bytes, self._read, self._clear, self._enable = (
+                cdll.mla_variants_trace_bytes, cdll.mla_variants_trace_read, cdll.mla_variants_trace_clear,
+                cdll.mla_variants_trace_enable)
+        except AttributeError:  # a library built before the trace existed
             self.capacity = 0
             return
         self._bytes.restype = ctypes.c_int64
         self._read.argtypes, self._read.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int
         self._clear.restype = ctypes.c_int
-        self.capacity = int(self._bytes()) // (SLOTS * 8)  # CTAs; 0: not a trace build
+        self._enable.argtypes, self._enable.restype = [ctypes.c_int], ctypes.c_int
+        self.capacity = int(self._bytes()) // (SLOTS * 8)  # CTAs (allocates the buffer); 0: not a trace build
+
+    def enable(self, on: bool) -> None:
+        code = self._enable(1 if on else 0)
+        if code:
+            raise RuntimeError(f"mla_variants_trace_enable failed (CUDA error {code})")
 
     def clear(self) -> None:
         code = self._clear()
@@ -170,7 +180,6 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    compiled = set(bench.list_variants())
     trace_buf = TraceBuffer()
     if trace_buf.capacity == 0:
         print("this library has no trace buffer: build it with CUDAFLAGS=-DMLA_TRACE=1 (and point "
@@ -186,9 +195,13 @@ def main(argv=None) -> int:
         name = f"{heads} x {batch} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
         splits = bench.case_splits(case, args, q_len, sm_count)
         split = splits > 1 or args.balanced
-        if (heads, page, args.dtype, split) not in compiled and (split or (heads, page, args.dtype, True) not in compiled):
-            print(f"{name}: skipped (no exact {heads}-head page-{page} {args.dtype} "
-                  f"{'split' if split else 'nosplit'} variant in this build)")
+        try:  # the launches mla_decode (or the plan) makes for this call
+            launches = _binding.library().plan(heads, page, args.dtype, split)
+        except LookupError:
+            launches = []
+        if len(launches) != 1 or launches[0].key[0] != heads:
+            print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {args.dtype} "
+                  f"variant in this build: {[l.symbol for l in launches] or 'no variant'})")
             continue
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         out = torch.empty(batch, q_len, heads, bench.V_DIM, dtype=inputs["q"].dtype, device=device)
@@ -218,14 +231,18 @@ def main(argv=None) -> int:
                 plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
                          out=out, lse=lse, k_scale=k_scale)
 
+        if grid_x * grid_y > trace_buf.capacity:
+            print(f"{name}: note: {grid_x * grid_y} CTAs, only the first {trace_buf.capacity} stamp", file=sys.stderr)
         for _ in range(args.warmup):
             call()
         rows = []
         for _ in range(args.reps):
             trace_buf.clear()
             flush()
-            if warm is not None:
+            if warm is not None:  # the code-warm call must not stamp over the timed call's words
+                trace_buf.enable(False)
                 warm()
+                trace_buf.enable(True)
             call()
             rows += phases(cta_records(trace_buf.read(grid_x * grid_y), m_blocks, grid_x))
         if not rows:

@@ -139,6 +139,8 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path):
     assert set(usage) == set(names)
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
+    lib = ctypes.CDLL(str(tmp_path / "build" / "libmla_variants.so"))
+    assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0  # a trace build
 
 
 @needs_nvcc
@@ -152,3 +154,4 @@ def test_a_default_build_has_no_trace_buffer(ci_build):
     assert lib.mla_variants_trace_bytes() == 0
     buf = ctypes.create_string_buffer(64)
     assert lib.mla_variants_trace_read(buf, 64) != 0 and lib.mla_variants_trace_clear() != 0
+    assert lib.mla_variants_trace_enable(1) != 0

@@ -11,13 +11,61 @@ extern "C" const char* mla_variants_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
-// Bytes of the trace buffer (0: not a trace build, or it could not be allocated). The buffer holds
-// 8 64-bit stamps per decode CTA of the last launch, CTA (x, y) at word 8 (x + gridDim.x y).
+#if MLA_TRACE
+namespace {
+uint64_t* g_trace = nullptr;  // the library's one trace buffer (kTraceBytes), on device g_trace_device
+int g_trace_device = -1;
+bool g_trace_on = true;
+
+// Allocates and zeroes the buffer on the current device the first time; a failure is not cached.
+bool trace_ready() {
+  if (g_trace != nullptr) return true;
+  int dev = -1;
+  void* p = nullptr;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaMalloc(&p, mla::kTraceBytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cudaMemset(p, 0, mla::kTraceBytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    (void)cudaFree(p);
+    (void)cudaGetLastError();
+    return false;
+  }
+  g_trace = static_cast<uint64_t*>(p);
+  g_trace_device = dev;
+  return true;
+}
+}  // namespace
+
+namespace mla {
+uint64_t* trace_buffer_for_launch() {
+  int dev = -1;
+  if (g_trace == nullptr || !g_trace_on || cudaGetDevice(&dev) != cudaSuccess || dev != g_trace_device) return nullptr;
+  return g_trace;
+}
+}  // namespace mla
+#endif
+
+// Bytes of the trace buffer, allocating it on the current device the first time (0: not a trace
+// build, or it could not be allocated). The buffer holds 8 64-bit stamps per decode CTA of the last
+// launch, CTA (x, y) at word 8 (x + gridDim.x y).
 extern "C" int64_t mla_variants_trace_bytes() {
 #if MLA_TRACE
-  return mla::trace_buffer() != nullptr ? mla::kTraceBytes : 0;
+  return trace_ready() ? mla::kTraceBytes : 0;
 #else
   return 0;
+#endif
+}
+
+// Whether the following launches stamp (on = 1, the default) or not (0): a call made only to warm
+// the kernels' code leaves the buffer as it is. Returns a cudaError_t code.
+extern "C" int mla_variants_trace_enable(int on) {
+#if MLA_TRACE
+  g_trace_on = on != 0;
+  return int(cudaSuccess);
+#else
+  (void)on;
+  return int(cudaErrorInvalidValue);
 #endif
 }
 
@@ -25,11 +73,9 @@ extern "C" int64_t mla_variants_trace_bytes() {
 // (cudaDeviceSynchronize); returns a cudaError_t code (cudaErrorInvalidValue without a buffer).
 extern "C" int mla_variants_trace_read(void* host_dst, int64_t bytes) {
 #if MLA_TRACE
-  if (mla::trace_buffer() == nullptr || host_dst == nullptr || bytes < 0 || bytes > mla::kTraceBytes) {
-    return int(cudaErrorInvalidValue);
-  }
+  if (!trace_ready() || host_dst == nullptr || bytes < 0 || bytes > mla::kTraceBytes) return int(cudaErrorInvalidValue);
   cudaError_t err = cudaDeviceSynchronize();
-  if (err == cudaSuccess) err = cudaMemcpy(host_dst, mla::trace_buffer(), size_t(bytes), cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess) err = cudaMemcpy(host_dst, g_trace, size_t(bytes), cudaMemcpyDeviceToHost);
   return int(err);
 #else
   (void)host_dst;
@@ -38,12 +84,12 @@ extern "C" int mla_variants_trace_read(void* host_dst, int64_t bytes) {
 #endif
 }
 
-// Zeroes the trace buffer (synchronously), so the next launch's CTAs that do not trace read as 0.
+// Zeroes the trace buffer (synchronously), so the next launch's CTAs that do not stamp read as 0.
 extern "C" int mla_variants_trace_clear() {
 #if MLA_TRACE
-  if (mla::trace_buffer() == nullptr) return int(cudaErrorInvalidValue);
+  if (!trace_ready()) return int(cudaErrorInvalidValue);
   cudaError_t err = cudaDeviceSynchronize();
-  if (err == cudaSuccess) err = cudaMemset(mla::trace_buffer(), 0, size_t(mla::kTraceBytes));
+  if (err == cudaSuccess) err = cudaMemset(g_trace, 0, size_t(mla::kTraceBytes));
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   return int(err);
 #else

@@ -127,7 +127,7 @@ int launch(const MlaDecodeArgs* args) {
   p.num_m_blocks = (NUM_HEADS * a.q_len + kRows - 1) / kRows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TRACE
-  p.trace = trace_buffer();
+  p.trace = trace_buffer_for_launch();
 #endif
 #if MLA_TMA
   p.use_tma = 0;

@@ -1,10 +1,11 @@
 // Per-CTA phase trace: a diagnostic build, not a product path (-DMLA_TRACE=1; the default 0 compiles
 // none of it, and the kernels' SASS is the untraced one). In a trace build the library owns one
-// device buffer (trace_buffer, allocated on the current device at the first launch) and every decode
-// CTA stamps %globaltimer (ns) at its phases into its own 8 words there: CTA (x, y) of the grid at
-// word 8 (x + gridDim.x y). Each launch overwrites the stamps of the one before, so read them after
-// every call (mla_variants_trace_read / _clear in exports.cu; benchmarks/trace.py does). Nothing of a
-// call's own inputs or outputs is touched.
+// device buffer (exports.cu: allocated by the first mla_variants_trace_* call, on the device current
+// then) and every decode CTA stamps %globaltimer (ns) at its phases into its own 8 words there: CTA
+// (x, y) of the grid at word 8 (x + gridDim.x y). Each launch overwrites the stamps of the one before,
+// so read them after every call (mla_variants_trace_read / _clear; benchmarks/trace.py does). Nothing
+// of a call's own inputs or outputs is touched. Launches on another device, launches while tracing is
+// switched off (mla_variants_trace_enable), and launches before the buffer exists do not trace.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -32,19 +33,8 @@ constexpr int64_t kTraceMaxCtas = int64_t(1) << 18;  // 16 MiB of stamps; CTAs p
 constexpr int64_t kTraceBytes = kTraceMaxCtas * kTraceSlots * 8;
 
 #if MLA_TRACE
-// The library's one trace buffer (an inline function's static: one instance in the shared library),
-// or null when it could not be allocated.
-inline uint64_t* trace_buffer() {
-  static uint64_t* buf = [] {
-    void* p = nullptr;
-    if (cudaMalloc(&p, kTraceBytes) != cudaSuccess || cudaMemset(p, 0, kTraceBytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<uint64_t*>(nullptr);
-    }
-    return static_cast<uint64_t*>(p);
-  }();
-  return buf;
-}
+// The trace buffer a launch on the current device passes its CTAs (exports.cu), or null.
+uint64_t* trace_buffer_for_launch();
 #endif
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
