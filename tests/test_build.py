@@ -121,8 +121,8 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
 
 @needs_nvcc
 def test_prepared_kernel_switches_compile_without_spills(tmp_path):
-    """The switches kept on main for A/B runs on the GPU (MLA_Q_FIRST: Q copies before the seq_lens
-    load; MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py) must keep compiling, without
+    """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
+    MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py) must keep compiling together, without
     spills, on every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose
     40-register producer and the 208-register fp8 math warpgroups spilled in a first trace build), the
     64-row fp8 path, and the transposed path."""
