@@ -319,20 +319,60 @@ def host_overhead_us(inputs: dict, num_kv_splits: int, n: int = 300, rounds: int
 # One case
 # ------------------------------------------------------------------------------------------------
 
+def case_k_scale(inputs: dict) -> float | None:
+    """K_SCALE for an fp8 cache (build_inputs stores real / K_SCALE), else None."""
+    return K_SCALE if inputs["kv_cache"].dtype == torch.float8_e4m3fn else None
+
+
+def decode_call(inputs: dict, splits: int):
+    """One mla_decode call on a case's inputs with `splits` splits, its out, lse and workspace allocated
+    once here (nothing allocates per call, so the call can be timed and captured in a CUDA graph).
+    Returns (call, out, lse)."""
+    batch, q_len, heads, _ = inputs["q"].shape
+    device = inputs["q"].device
+    out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
+    ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
+    k_scale = case_k_scale(inputs)
+
+    def call():
+        mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                   num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
+    return call, out, lse
+
+
+def balanced_call(inputs: dict, out: torch.Tensor, lse: torch.Tensor, num_kv_splits: int | None = None,
+                  overhead_tiles: int | None = None):
+    """The serving path of --balanced: an MLADecodePlan with balanced=True for the case, its schedule
+    made once (MLADecodePlan.schedule; not part of the timed call, as the peers' get_mla_metadata /
+    plan are not), then plan.run into out / lse. Returns (call, plan, schedule), where schedule()
+    remakes the schedule, or (call, plan, None) when the schedule does not serve the case (the plan
+    then runs the uniform split)."""
+    q, page = inputs["q"], inputs["kv_cache"].shape[1]
+    batch, q_len, heads, _ = q.shape
+    max_keys = inputs["block_table"].shape[1] * page  # what a block_table row addresses
+    plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=q.dtype, kv_dtype=inputs["kv_cache"].dtype,
+                         max_seq_len=max_keys, num_kv_splits=num_kv_splits, balanced=True)
+    kw = {} if overhead_tiles is None else {"overhead_tiles": overhead_tiles}
+
+    def schedule():
+        return plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw)
+
+    k_scale = case_k_scale(inputs)
+
+    def call():
+        plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                 out=out, lse=lse, k_scale=k_scale)
+    return call, plan, (schedule if schedule() else None)
+
+
 def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen: torch.Generator):
     """--code-warm: a call that runs the same kernels as the case (same heads, page size, dtype and
     split count, so the same decode, combine and head-group launches) on a separate one-request case
     of 64 keys per split, in its own small buffers (nothing of the timed case's data enters L2)."""
-    heads, page = case["num_heads"], case["page_size"]
-    inputs = build_inputs(KVPool(torch.device("cuda", torch.cuda.current_device())), [64 * splits], heads, page,
-                          q_len, dtype, gen)
-    k_scale = K_SCALE if dtype == torch.float8_e4m3fn else None
-    device = inputs["q"].device
-    out = torch.empty(1, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
-    lse = torch.empty(1, heads, q_len, dtype=torch.float32, device=device)
-    ws = torch.empty(max(workspace_size(1, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
-    return lambda: mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                              num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
+    inputs = build_inputs(KVPool(torch.device("cuda", torch.cuda.current_device())), [64 * splits], case["num_heads"],
+                          case["page_size"], q_len, dtype, gen)
+    return decode_call(inputs, splits)[0]
 
 
 def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
@@ -362,36 +402,14 @@ def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
 def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,
              dtype: torch.dtype, q_len: int) -> dict:
     """Build the inputs, optionally check them, and time the cold and graph calls."""
-    heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
-    batch = len(seq_lens)
-    inputs = build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
-    device = inputs["q"].device
-    out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
-    k_scale = K_SCALE if dtype == torch.float8_e4m3fn else None
-    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
-    ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
-
-    def call():
-        mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                   num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
-
+    inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], q_len, dtype, gen)
+    call, out, lse = decode_call(inputs, splits)
     row: dict = {"num_kv_splits": splits}
-    if args.balanced:
-        # The serving path: a plan, its schedule made once per step (not timed with the layer's call,
-        # as the peers' get_mla_metadata / plan are not), then run() per layer.
-        max_keys = inputs["block_table"].shape[1] * page  # what a block_table row addresses
-        plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
-                             kv_dtype=inputs["kv_cache"].dtype, max_seq_len=max_keys,
-                             num_kv_splits=args.num_kv_splits, balanced=True)
-        kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
-        if plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
+    if args.balanced:  # the serving path: MLADecodePlan.run after MLADecodePlan.schedule
+        call, plan, schedule = balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
+        if schedule is not None:
             row["num_kv_splits"] = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"  # b66: balanced, u66: uniform cut
-            row["schedule_us"] = time_cold(lambda: plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw), flush,
-                                           args.reps, args.warmup)
-
-        def call():  # noqa: F811
-            plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                     out=out, lse=lse, k_scale=k_scale)
+            row["schedule_us"] = time_cold(schedule, flush, args.reps, args.warmup)
     if args.check:
         call()
         problems = check_case(inputs, out, lse)

@@ -91,26 +91,11 @@ def main(argv=None) -> int:
         heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
         inputs = bench.build_inputs(pool, seq_lens, heads, page, 1, dtype, gen)
         batch = len(seq_lens)
-        out = torch.empty(batch, 1, heads, bench.V_DIM, dtype=inputs["q"].dtype, device=device)
-        lse = torch.empty(batch, heads, 1, dtype=torch.float32, device=device)
-        ws = torch.empty(max(bench.workspace_size(batch, heads, 1, splits), 16), dtype=torch.uint8, device=device)
-        k_scale = bench.K_SCALE if dtype == torch.float8_e4m3fn else None
-
-        def call():
-            bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
-                             bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws,
-                             k_scale=k_scale)
-
+        call, out, lse = bench.decode_call(inputs, splits)
         if args.balanced:  # MLADecodePlan.run after schedule() (as bench.py --balanced)
-            plan = bench.MLADecodePlan(batch, heads, page, dtype=inputs["q"].dtype, kv_dtype=inputs["kv_cache"].dtype,
-                                       max_seq_len=inputs["block_table"].shape[1] * page, balanced=True)
-            kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
-            if plan.schedule(inputs["seq_lens"], max_seq_len=inputs["block_table"].shape[1] * page, **kw):
+            call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
+            if schedule is not None:
                 splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
-
-            def call():  # noqa: F811
-                plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
-                         out=out, lse=lse, k_scale=k_scale)
 
         for _ in range(args.warmup):
             call()

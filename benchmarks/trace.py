@@ -204,32 +204,17 @@ def main(argv=None) -> int:
                   f"variant in this build: {[l.symbol for l in launches] or 'no variant'})")
             continue
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
-        out = torch.empty(batch, q_len, heads, bench.V_DIM, dtype=inputs["q"].dtype, device=device)
-        lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
-        ws = torch.empty(max(bench.workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
-        k_scale = bench.K_SCALE if dtype == torch.float8_e4m3fn else None
+        call, out, lse = bench.decode_call(inputs, splits)
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
         m_blocks = -(-heads * q_len // rows_per_cta(heads))
         grid_x, grid_y = m_blocks * batch, splits
-
-        def call():
-            bench.mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
-                             bench.SOFTMAX_SCALE, num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
-
         if args.balanced:
-            max_keys = inputs["block_table"].shape[1] * page
-            plan = bench.MLADecodePlan(batch, heads, page, q_len=q_len, dtype=inputs["q"].dtype,
-                                       kv_dtype=inputs["kv_cache"].dtype, max_seq_len=max_keys, balanced=True)
-            kw = {} if args.schedule_overhead is None else {"overhead_tiles": args.schedule_overhead}
-            if not plan.schedule(inputs["seq_lens"], max_seq_len=max_keys, **kw):
+            call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
+            if schedule is None:
                 print(f"{name}: skipped (the balanced schedule does not serve this case)")
                 continue
             splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
             grid_x, grid_y = m_blocks * plan.sched_ctas, 1
-
-            def call():  # noqa: F811
-                plan.run(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], bench.SOFTMAX_SCALE,
-                         out=out, lse=lse, k_scale=k_scale)
 
         if grid_x * grid_y > trace_buf.capacity:
             print(f"{name}: note: {grid_x * grid_y} CTAs, only the first {trace_buf.capacity} stamp", file=sys.stderr)

@@ -1,6 +1,7 @@
 """benchmarks/bench.py's command-line parts that need no GPU: which anchors file a run reads by
 default, and the source hash a run records."""
 import pytest
+import torch
 
 from conftest import benchmark_module
 
@@ -75,3 +76,54 @@ def test_time_cold_runs_the_after_flush_call_between_flush_and_timed_call(bench,
                         after_flush=lambda: order.append("warm"))
     assert order == ["call"] + ["flush", "warm", "event", "call", "event"] * 2
     assert t == pytest.approx(1.0)
+
+
+def _cpu_inputs(batch=3, q_len=2, heads=16, page=4, fp8=False):
+    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    return {"q": torch.zeros(batch, q_len, heads, 576, dtype=torch.bfloat16),
+            "kv_cache": torch.zeros(5, page, 576, dtype=kv_dtype),
+            "block_table": torch.zeros(batch, 7, dtype=torch.int32),
+            "seq_lens": torch.ones(batch, dtype=torch.int32)}
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_call_preallocates_and_passes_the_case(bench, monkeypatch, fp8):
+    seen = []
+    monkeypatch.setattr(bench, "mla_decode", lambda *a, **kw: seen.append((a, kw)))
+    inputs = _cpu_inputs(fp8=fp8)
+    call, out, lse = bench.decode_call(inputs, 4)
+    assert out.shape == (3, 2, 16, 512) and out.dtype == torch.bfloat16 and lse.shape == (3, 16, 2)
+    call()
+    call()
+    (a1, kw1), (a2, kw2) = seen
+    assert a1[0] is inputs["q"] and a1[4] == bench.SOFTMAX_SCALE and kw1["num_kv_splits"] == 4
+    assert kw1["out"] is out and kw1["lse"] is lse and kw2["workspace"] is kw1["workspace"]  # allocated once
+    assert kw1["workspace"].numel() >= bench.workspace_size(3, 16, 2, 4)
+    assert kw1["k_scale"] == (bench.K_SCALE if fp8 else None)
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_balanced_call_makes_the_plan_and_schedule_of_the_case(bench, monkeypatch, served):
+    made = {}
+
+    class Plan:
+        def __init__(self, *a, **kw):
+            made["init"] = (a, kw)
+
+        def schedule(self, seq_lens, **kw):
+            made.setdefault("schedules", []).append(kw)
+            return served
+
+        def run(self, *a, **kw):
+            made["run"] = (a, kw)
+
+    monkeypatch.setattr(bench, "MLADecodePlan", Plan)
+    inputs = _cpu_inputs()
+    out, lse = torch.empty(0), torch.empty(0)
+    call, plan, schedule = bench.balanced_call(inputs, out, lse, None, 5)
+    a, kw = made["init"]
+    assert a == (3, 16, 4) and kw["q_len"] == 2 and kw["balanced"] is True and kw["max_seq_len"] == 7 * 4
+    assert made["schedules"] == [{"max_seq_len": 28, "overhead_tiles": 5}]
+    assert (schedule is not None) == served
+    call()
+    assert made["run"][1]["out"] is out and made["run"][1]["lse"] is lse
