@@ -528,8 +528,9 @@ def environment() -> dict:
 # Main
 # ------------------------------------------------------------------------------------------------
 
-def parse_args(argv=None, description: str | None = None):
-    """The benchmark's options (benchmarks/timeline.py reuses them with its own description)."""
+def parse_args(argv=None, description: str | None = None, extra=None):
+    """The benchmark's options (benchmarks/timeline.py and trace.py reuse them with their own
+    description; extra(parser), when given, adds a tool's own options)."""
     p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Timing method and output: see the module docstring (benchmarks/bench.py).")
@@ -569,6 +570,8 @@ def parse_args(argv=None, description: str | None = None):
     p.add_argument("--tree-hash", action="store_true",
                    help="print the hash of templates/, mla_variants/ and variants.yaml that a run records "
                         "(environment.tree_sha256) and exit")
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     args.reps = args.reps or (10 if args.quick else 50)
     args.graph_replays = args.graph_replays or (10 if args.quick else 20)
@@ -582,11 +585,12 @@ def parse_args(argv=None, description: str | None = None):
     return args
 
 
-def tool_setup(argv, doc: str, tool: str):
+def tool_setup(argv, doc: str, tool: str, extra=None):
     """The shared start of the benchmark's companion tools (timeline.py, trace.py): bench.py's options
-    under the tool's description, the GPU check, and the selected cases. Returns (args, cases, anchors
-    meta), or None after saying on stderr that no GPU is available."""
-    args = parse_args(argv, description=doc.split("\n\n")[0])
+    (plus the tool's own, added by extra(parser)) under the tool's description, the GPU check, and the
+    selected cases. Returns (args, cases, anchors meta), or None after saying on stderr that no GPU is
+    available."""
+    args = parse_args(argv, description=doc.split("\n\n")[0], extra=extra)
     if not torch.cuda.is_available():
         print(f"no CUDA GPU available: the {tool} needs an sm_90a GPU (H100/H200)", file=sys.stderr)
         return None

@@ -7,14 +7,21 @@ Takes the same case filters as benchmarks/bench.py. In a trace build (templates/
 decode CTA stamps %globaltimer into its own words of a buffer the library owns; this script clears it
 before each call and reads it after (mla_variants_trace_clear / _read). Each case is called --reps
 times cold (L2 flushed, as bench.py times a call; --code-warm: with the kernels' code brought back
-into L2 after the flush, as bench.py --code-warm). Phases per CTA (us; medians over all CTAs of all
+into L2 after the flush, as bench.py --code-warm; --hot: no flush, the same call having run just
+before, so its data, code and parameters are as warm as they get: cold minus hot per phase is what
+that phase waits for memory or instruction fetch). Phases per CTA (us; medians over all CTAs of all
 calls, with the 10th and 90th percentile):
 
   start    : CTA entry -> producer thread 0 past the barrier set-up (seq_lens load, barrier init,
              register handover; with MLA_Q_FIRST Q's copies are already in flight by then)
   q        : CTA entry -> Q in shared memory, as the first math thread sees it
   loop     : Q -> the first math warpgroup's main loop is done (also per tile: loop / tiles)
-  epilogue : main loop done -> past the first math thread's stores (row sums, merge, stores)
+  lag      : the first math warpgroup's loop done -> the last one's (what the merge waits for;
+             negative when the last warpgroup had no tile and left its loop at once)
+  merge    : the later of the two loop ends -> merged (row sums exchanged, the transposed path's
+             O^T merged in shared memory), as the first math thread sees it
+  store    : merged -> past the first math thread's stores (normalise, out / lse or workspace rows)
+  epilogue : main loop done -> past the first math thread's stores (lag + merge + store)
   cta      : CTA entry -> past the stores
   producer : CTA entry -> producer thread 0 done (its own copies landed; TMA tiles: issued)
   spread   : CTA entry - the earliest entry of the call (when a CTA started: launch order and waves)
@@ -46,8 +53,8 @@ import torch  # noqa: E402
 
 from mla_variants import _binding  # noqa: E402
 
-SLOTS = 8                 # 64-bit stamps per CTA (templates/mla/trace.cuh TraceSlot)
-ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS = range(8)
+SLOTS = 16                # 64-bit words per CTA (templates/mla/trace.cuh kTraceSlots; TraceSlot below)
+ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED = range(10)
 ROW_BLOCK_64 = 64
 
 
@@ -57,7 +64,7 @@ def rows_per_cta(num_heads: int) -> int:
 
 
 def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
-    """The stamps of one launch: words int64 [CTAs, 8], CTA (x, y) at row x + grid_x y. x = m_block +
+    """The stamps of one launch: words int64 [CTAs, SLOTS], CTA (x, y) at row x + grid_x y. x = m_block +
     m_blocks * unit, where unit is the request (uniform launch; y its split) or the schedule's CTA
     (balanced). Returns one dict per CTA that stamped (entry != 0)."""
     out = []
@@ -148,7 +155,10 @@ def phases(records: list[dict]) -> list[dict]:
         loop = d(Q_LANDED, LOOP_DONE)
         res.append({"start": d(ENTRY, PRODUCER_START), "q": d(ENTRY, Q_LANDED), "loop": loop,
                     "loop_per_tile": loop / r["tiles"] if loop is not None and r["tiles"] else None,
-                    "epilogue": d(LOOP_DONE, STORED), "cta": d(ENTRY, STORED), "producer": d(ENTRY, PRODUCER_DONE),
+                    "lag": d(LOOP_DONE, LOOP_DONE_LAST),
+                    "merge": (s[MERGED] - max(s[LOOP_DONE], s[LOOP_DONE_LAST])) / 1e3
+                    if s[MERGED] and s[LOOP_DONE] and s[LOOP_DONE_LAST] else None,
+                    "store": d(MERGED, STORED), "epilogue": d(LOOP_DONE, STORED), "cta": d(ENTRY, STORED), "producer": d(ENTRY, PRODUCER_DONE),
                     "spread": (s[ENTRY] - t0) / 1e3, "tiles": r["tiles"], "segments": r.get("segments"),
                     "later_wave": id(r) in later})
     return res
@@ -162,7 +172,7 @@ def summarize(rows: list[dict]) -> dict:
             return None
         pick = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
         return {"median": statistics.median(xs), "p10": pick(0.1), "p90": pick(0.9), "n": len(xs)}
-    keys = ("start", "q", "loop", "loop_per_tile", "epilogue", "cta", "producer", "spread")
+    keys = ("start", "q", "loop", "loop_per_tile", "lag", "merge", "store", "epilogue", "cta", "producer", "spread")
     result = {"all": {k: stats(r[k] for r in rows) for k in keys}}
     for name, want in (("first_wave", False), ("later_waves", True)):
         sub = [r for r in rows if r["later_wave"] == want]
@@ -172,7 +182,10 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    setup = bench.tool_setup(argv, __doc__, "trace")
+    def extra(p):
+        p.add_argument("--hot", action="store_true",
+                       help="no L2 flush before the traced call (the same call just ran): data and code warm")
+    setup = bench.tool_setup(argv, __doc__, "trace", extra=extra)
     if setup is None:
         return 1
     args, cases, meta = setup
@@ -222,8 +235,11 @@ def main(argv=None) -> int:
             call()
         rows = []
         for _ in range(args.reps):
+            if args.hot:
+                call()  # the traced call finds everything this one brought in
             trace_buf.clear()
-            flush()
+            if not args.hot:
+                flush()
             if warm is not None:  # the code-warm call must not stamp over the timed call's words
                 trace_buf.enable(False)
                 warm()
@@ -237,9 +253,9 @@ def main(argv=None) -> int:
         if args.balanced:
             summary["cost_fit"] = fit_cost(rows)
         report.append({"case": {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged")},
-                       "num_kv_splits": splits, "code_warm": args.code_warm, "summary": summary})
+                       "num_kv_splits": splits, "code_warm": args.code_warm, "hot": args.hot, "summary": summary})
         print(f"\n{name}, {splits} split(s), {len(rows)} CTA records over {args.reps} calls"
-              f"{' (code warm)' if args.code_warm else ''}: us, median [p10, p90]")
+              f"{' (code warm)' if args.code_warm else ''}{' (hot)' if args.hot else ''}: us, median [p10, p90]")
         for group, table in summary.items():
             if group == "cost_fit":
                 if table:

@@ -12,12 +12,36 @@ def trace():
         yield module
 
 
-def _words(ctas, stamps):
-    """stamps: {row: (entry, producer_start, q, loop, stored, producer_done, sm, tiles, segments)}"""
-    w = torch.zeros(ctas, 8, dtype=torch.int64)
-    for row, (entry, pstart, q, loop, stored, pdone, sm, tiles, segs) in stamps.items():
-        w[row] = torch.tensor([entry, pstart, q, loop, stored, pdone, (sm << 32) | tiles, segs])
+def _words(ctas, stamps, slots=16):
+    """stamps: {row: (entry, producer_start, q, loop, stored, producer_done, sm, tiles, segments
+    [, loop_done_last, merged])}"""
+    w = torch.zeros(ctas, slots, dtype=torch.int64)
+    for row, (entry, pstart, q, loop, stored, pdone, sm, tiles, segs, *rest) in stamps.items():
+        w[row, :8] = torch.tensor([entry, pstart, q, loop, stored, pdone, (sm << 32) | tiles, segs])
+        if rest:
+            w[row, 8:10] = torch.tensor(rest)
     return w
+
+
+def test_slots_match_the_kernel_header(trace):
+    from pathlib import Path
+    header = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "trace.cuh").read_text()
+    assert f"constexpr int kTraceSlots = {trace.SLOTS};" in header
+    for name, slot in (("kTraceLoopDoneLast", trace.LOOP_DONE_LAST), ("kTraceMerged", trace.MERGED),
+                       ("kTraceSegments", trace.SEGMENTS), ("kTraceStored", trace.STORED)):
+        assert f"{name} = {slot}," in header
+
+
+def test_epilogue_splits_into_lag_merge_and_store(trace):
+    # wg1 ends its loop 1.5 us after wg0; the merge ends 0.5 us later, the stores 1 us after that.
+    # Row 1: the last warpgroup had no tile and left at once (negative lag; merge counts from wg0).
+    w = _words(2, {0: (1_000, 1_500, 2_000, 4_000, 7_000, 5_000, 0, 2, 0, 5_500, 6_000),
+                   1: (1_000, 1_500, 2_000, 4_000, 5_000, 4_000, 1, 1, 0, 2_100, 4_300)})
+    full, single = trace.phases(trace.cta_records(w, m_blocks=1, grid_x=2))
+    assert full["lag"] == pytest.approx(1.5) and full["merge"] == pytest.approx(0.5)
+    assert full["store"] == pytest.approx(1.0) and full["epilogue"] == pytest.approx(3.0)
+    assert single["lag"] == pytest.approx(-1.9) and single["merge"] == pytest.approx(0.3)
+    assert single["store"] == pytest.approx(0.7)
 
 
 def test_records_decode_the_grid(trace):

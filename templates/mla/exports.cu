@@ -48,7 +48,7 @@ uint64_t* trace_buffer_for_launch() {
 
 // Bytes of the trace buffer, allocating it on the current device the first time (0: not a trace
 // build, or it could not be allocated). The buffer holds 8 64-bit stamps per decode CTA of the last
-// launch, CTA (x, y) at word 8 (x + gridDim.x y).
+// launch, CTA (x, y) at word 16 (x + gridDim.x y).
 extern "C" int64_t mla_variants_trace_bytes() {
 #if MLA_TRACE
   return trace_ready() ? mla::kTraceBytes : 0;

@@ -397,7 +397,10 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
   }
-  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
+  if constexpr (kTrace) {
+    trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
+    trace_at(p, kProducerThreads + 128 * (kNumWarpgroups - 1)).stamp(kTraceLoopDoneLast);
+  }
 
   // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
   CUTE_UNROLL
@@ -407,6 +410,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     if (lane % 4 == 0) s.row_sum[buf][wg][row0 + 8 * r] = l_run[r];
   }
   math_barrier(kBarEnd);
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceMerged);
   float inv_sum[2], lse[2];
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -706,7 +710,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       }
     }
     trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
+    trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
     merge_st(s, ctx, tOrO, m_run, l_run);
+    trace_at(p, kProducerThreads).stamp(kTraceMerged);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);
     allow_dependent_launch<SPLIT>();

@@ -1,8 +1,8 @@
 // Per-CTA phase trace: a diagnostic build, not a product path (-DMLA_TRACE=1; the default 0 compiles
 // none of it, and the kernels' SASS is the untraced one). In a trace build the library owns one
 // device buffer (exports.cu: allocated by the first mla_variants_trace_* call, on the device current
-// then) and every decode CTA stamps %globaltimer (ns) at its phases into its own 8 words there: CTA
-// (x, y) of the grid at word 8 (x + gridDim.x y). Each launch overwrites the stamps of the one before,
+// then) and every decode CTA stamps %globaltimer (ns) at its phases into its own 16 words there: CTA
+// (x, y) of the grid at word 16 (x + gridDim.x y). Each launch overwrites the stamps of the one before,
 // so read them after every call (mla_variants_trace_read / _clear; benchmarks/trace.py does). Nothing
 // of a call's own inputs or outputs is touched. Launches on another device, launches while tracing is
 // switched off (mla_variants_trace_enable), and launches before the buffer exists do not trace.
@@ -27,9 +27,11 @@ enum TraceSlot : int {
   kTraceProducerDone = 5,   // producer thread 0: its last copy landed (TMA tiles: issued)
   kTraceInfo = 6,           // (sm id << 32) | the CTA's tiles
   kTraceSegments = 7,       // scheduled CTA: its segments with tiles (uniform launches: 0)
+  kTraceLoopDoneLast = 8,   // first thread of the last math warpgroup: its main loop done (uniform launches)
+  kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform)
 };
-constexpr int kTraceSlots = 8;
-constexpr int64_t kTraceMaxCtas = int64_t(1) << 18;  // 16 MiB of stamps; CTAs past it do not trace
+constexpr int kTraceSlots = 16;  // 10 used; room for more without changing the layout again
+constexpr int64_t kTraceMaxCtas = int64_t(1) << 17;  // 16 MiB of stamps; CTAs past it do not trace
 constexpr int64_t kTraceBytes = kTraceMaxCtas * kTraceSlots * 8;
 
 #if MLA_TRACE
