@@ -70,6 +70,15 @@
 #define MLA_Q_FIRST 1
 #endif
 
+// MLA_ST_STORE_ROLLED (default 0 while it is A/B-tested): the transposed path's epilogue stores
+// (kernel.cuh store_rows_st) run as a rolled loop over the CTA's rows, with the workspace-or-out choice
+// made once outside it, instead of four unrolled passes that each carry both store paths (~900
+// instructions executed once per CTA; the v3.14 trace measured that phase at 2.1 us of an 8 us CTA).
+// 2: the same loop, and merge_st's idle warpgroup 0 computes each row's 1 / l and lse beforehand.
+#ifndef MLA_ST_STORE_ROLLED
+#define MLA_ST_STORE_ROLLED 0
+#endif
+
 namespace mla {
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row

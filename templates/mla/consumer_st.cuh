@@ -228,6 +228,38 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
 // then covers 8 distinct 16-byte bank groups; store_rows_st swaps the halves back.
 template <class Storage>
 constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
+// Whether merge_st leaves each row's output scale and lse in s.row_out (MLA_ST_STORE_ROLLED 2; not on
+// the fp8 register path, whose three warpgroups have no registers to spare for it there).
+template <class Storage>
+constexpr bool kRowOutInMerge = MLA_ST_STORE_ROLLED == 2 && !Storage::kRegWiden;
+
+// Final max and row sum of query row n once merge_st has exchanged the statistics: m (-inf for a row
+// that saw no key) and l.
+template <class Storage>
+__device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
+  m = s.wg_max[0][n];
+  CUTE_UNROLL
+  for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
+  const float m_sub = m == -INFINITY ? 0.f : m;
+  l = 0.f;
+  CUTE_UNROLL
+  for (int w = 0; w < Storage::kMathWgs; ++w) {
+    const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
+    l += lw * exp2f(s.wg_max[w][n] - m_sub);
+  }
+}
+
+// Query row n's output scale (v_scale / l; 0 for a row that saw no key) and lse (natural log; -inf for
+// such a row), both NaN for a request with a bad seq_len.
+template <class Storage>
+__device__ __forceinline__ void st_row_out(const Storage& s, int n, float v_scale, bool bad_len, float& inv_sum,
+                                           float& lse) {
+  float m, l;
+  st_row_stats(s, n, m, l);
+  inv_sum = l > 0.f ? v_scale / l : 0.f;
+  lse = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  if (bad_len) inv_sum = lse = __int_as_float(0x7fc00000);  // NaN
+}
 
 // Merges the math warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
@@ -237,7 +269,8 @@ constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
 // value st_regs_dim), else in order.
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
-                                         const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
+                                         const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4], float v_scale,
+                                         bool bad_len) {
   constexpr int kCols = kRows / 4;
   const int wg = c.wg;
   // The loop's last col_stat reads happened before its last P^T barrier; nobody reads it now.
@@ -316,22 +349,13 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
       }
     }
   }
-  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
-}
-
-// Final max and row sum of query row n after merge_st: m (-inf for a row that saw no key) and l.
-template <class Storage>
-__device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
-  m = s.wg_max[0][n];
-  CUTE_UNROLL
-  for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
-  const float m_sub = m == -INFINITY ? 0.f : m;
-  l = 0.f;
-  CUTE_UNROLL
-  for (int w = 0; w < Storage::kMathWgs; ++w) {
-    const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
-    l += lw * exp2f(s.wg_max[w][n] - m_sub);
+  if constexpr (kRowOutInMerge<Storage>) {
+    // Warpgroup 0 is idle while the last warpgroup adds its O^T: it writes each row's scale and lse.
+    if (wg == 0 && c.tid_wg < kRows) {
+      st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
+    }
   }
+  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
 }
 
 }  // namespace mla

@@ -255,9 +255,66 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
 // each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
 // workspace row store_rows uses. Same conventions as store_rows: a row that saw no key gets out 0 and
 // lse -inf, a request with a bad seq_len NaN.
+// MLA_ST_STORE_ROLLED: the same stores as a rolled loop (one trip per pass of kRowsPerPass rows), the
+// destination chosen once: kToWs writes the fp32 workspace row, else out and lse. With
+// MLA_ST_STORE_ROLLED 2 each row's 1 / l and lse come from s.row_out (merge_st wrote them), so a trip
+// waits for two shared-memory loads instead of the row statistics' chain of loads and MUFU ops.
+template <class Out, int NUM_HEADS, bool kToWs, class Storage>
+__device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, const Storage& s, int b, int split,
+                                                     int m_block, int tid, float v_scale, bool bad_len) {
+  constexpr int kRows = Storage::kRowsPerCta;
+  constexpr int kValsPerThread = 8;
+  constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;              // 64
+  constexpr int kRowsPerPass = 128 * Storage::kMathWgs / kThreadsPerOutRow;  // 4 (6 with 3 warpgroups)
+  const MlaDecodeArgs& a = p.a;
+  const uint32_t d0 = (uint32_t(tid) % kThreadsPerOutRow) * kValsPerThread;
+  const bool swap = kMergeV4<Storage> && ((d0 >> 4) & 1);  // merge_st swapped the float4 pairs of odd 16-value groups
+#pragma unroll 1
+  for (uint32_t n = uint32_t(tid) / kThreadsPerOutRow; n < uint32_t(kRows); n += kRowsPerPass) {
+    const uint32_t grow = uint32_t(m_block) * kRows + n;
+    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+    if (qi >= a.q_len || h >= a.num_heads) continue;
+    float inv_sum, lse;
+    if constexpr (kRowOutInMerge<Storage>) {
+      inv_sum = s.row_out[0][n];
+      lse = s.row_out[1][n];
+    } else {
+      st_row_out(s, int(n), v_scale, bad_len, inv_sum, lse);
+    }
+    const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
+    float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
+    if constexpr (kToWs) {
+      const SplitWorkspace ws = split_workspace(a);
+      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+      float4* dst = reinterpret_cast<float4*>(ws.o + ws_row * kHeadDimV + d0);
+      dst[0] = make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum);
+      dst[1] = make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum);
+      if (d0 == 0) ws.lse[ws_row] = lse;
+    } else {
+      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+                 int64_t(h) * a.out_stride_head + d0;
+      reinterpret_cast<uint2*>(dst)[0] =
+          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
+      reinterpret_cast<uint2*>(dst)[1] =
+          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
+      if (d0 == 0) {
+        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
+      }
+    }
+  }
+}
+
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
 __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Storage& s, int b, int split, int m_block,
                                               int tid, float v_scale, bool bad_len) {
+#if MLA_ST_STORE_ROLLED
+  if (SPLIT && p.a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
+    store_rows_st_rolled<Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+  } else {
+    store_rows_st_rolled<Out, NUM_HEADS, false>(p, s, b, split, m_block, tid, v_scale, bad_len);
+  }
+  return;
+#endif
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kValsPerThread = 8;
   constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;        // 64
@@ -711,7 +768,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     }
     trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
     trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
-    merge_st(s, ctx, tOrO, m_run, l_run);
+    merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceMerged);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);

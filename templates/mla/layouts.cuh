@@ -153,6 +153,7 @@ struct SharedStorageSt {
   uint64_t q_full;
   uint64_t kv_full[kStages * kSubTiles];
   uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
+  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (merge_st, MLA_ST_STORE_ROLLED 2)
 };
 
 // Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
