@@ -123,13 +123,14 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
 def test_prepared_kernel_switches_compile_without_spills(tmp_path):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_ST_STORE_ROLLED 2: the transposed
-    path's rolled epilogue stores, prepared for an A/B) must keep compiling together, without spills, on
+    path's rolled epilogue stores; MLA_EPI_SPLIT_STAGED: the 64-row split kernels' staged workspace
+    pieces; both prepared for an A/B) must keep compiling together, without spills, on
     every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose 40-register
     producer and the 208-register fp8 math warpgroups spilled in a first trace build), the 64-row fp8
     path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three warpgroups spilled 4
     bytes when merge_st also computed the row statistics there)."""
     import os
-    env = {**os.environ, "CUDAFLAGS": "-DMLA_Q_FIRST=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2"}
+    env = {**os.environ, "CUDAFLAGS": "-DMLA_Q_FIRST=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2 -DMLA_EPI_SPLIT_STAGED=1"}
     names = ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split", "mla_decode_h128_p64_fp8_e4m3_split",
              "mla_decode_h16_p1_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]
     filters = [arg for name in names for arg in ("--filter", name.removeprefix("mla_decode_"))]

@@ -74,9 +74,18 @@
 // (kernel.cuh store_rows_st) run as a rolled loop over the CTA's rows, with the workspace-or-out choice
 // made once outside it, instead of four unrolled passes that each carry both store paths (~900
 // instructions executed once per CTA; the v3.14 trace measured that phase at 2.1 us of an 8 us CTA).
-// 2: the same loop, and merge_st's idle warpgroup 0 computes each row's 1 / l and lse beforehand.
+// 2: the same loop, and merge_st's idle warpgroup 0 computes each row's v_scale / l and lse beforehand.
 #ifndef MLA_ST_STORE_ROLLED
 #define MLA_ST_STORE_ROLLED 0
+#endif
+static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STORE_ROLLED is 0, 1 or 2");
+
+// MLA_EPI_SPLIT_STAGED (default 0 while it is A/B-tested): the 64-row path's split kernels store their
+// fp32 workspace pieces through shared memory too (kernel.cuh store_piece_staged: 512 contiguous bytes
+// per warp instruction instead of 8 rows x 32 bytes), in uniform launches; the scheduled kernel keeps
+// the direct stores (its producer may already fill the ring for the next segment).
+#ifndef MLA_EPI_SPLIT_STAGED
+#define MLA_EPI_SPLIT_STAGED 0
 #endif
 
 namespace mla {

@@ -188,11 +188,13 @@ __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO c
 // rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
 // from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
 // made the kernel ~69 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
-template <class T, bool kAligned16, class DstOf>
+// T: the staged values' type (16-bit out, or fp32 workspace pieces: MLA_EPI_SPLIT_STAGED); chunk c
+// of row r sits at chunk c ^ ((r % 8) << kSwzShift) (stage_o: shift 0; stage_o_f32: shift 1).
+template <class T, bool kAligned16, class DstOf, int kSwzShift = 0>
 __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
   constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
-  constexpr uint32_t kChunks = kRowBytes / 16;  // 32: a warp's 16-byte chunks are one row
-  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 rows per trip of the warpgroup
+  constexpr uint32_t kChunks = kRowBytes / 16;  // 32 (16-bit) or 64 (fp32): a warp's 16-byte chunks lie in one row
+  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 (2) rows per trip of the warpgroup
   constexpr uint32_t kBatch = 4;
   static_assert(kChunks % 32 == 0 && kBlockM % (kRowStep * kBatch) == 0, "a warp's 32 chunks lie in one row");
   const uint32_t c = uint32_t(tid_wg) % kChunks;
@@ -202,7 +204,7 @@ __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, 
     CUTE_UNROLL
     for (uint32_t k = 0; k < kBatch; ++k) {
       const uint32_t row = row0 + k * kRowStep;
-      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ (row % 8)) * 16));
+      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ ((row % 8) << kSwzShift)) * 16));
     }
     CUTE_UNROLL
     for (int k = 0; k < kBatch; ++k) {
@@ -250,6 +252,57 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   }
 }
 
+// MLA_EPI_SPLIT_STAGED: a workspace piece's rows through shared memory as well (uniform launches;
+// piece_row >= 0). Warpgroup wg stages its normalised 64 x 256 fp32 block in ring stage wg (64 KiB of
+// the stage's 72): row-major, 16-byte chunk c of row r at chunk c ^ ((r % 8) << 1), so each warp's
+// float2 stores (8 rows x 32 bytes, straight from the accumulator layout) take the minimum two
+// wavefronts. Then each warp stores 512 contiguous bytes per instruction, against 8 rows x 32 bytes
+// per instruction from the accumulators (store_rows: the v3.14 trace's 2.9 us store phase at 128 x 1
+// x 1024, 5 us at 128 x 8).
+template <class FragO>
+__device__ __forceinline__ void stage_o_f32(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
+  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(float);  // 1 KiB
+  // Value (row, 8 j + 2 q + e) is float e of the thread's float2 at byte 32 j + 8 q of the row, i.e.
+  // chunk 2 j + (q >> 1), at 8 (q & 1) inside it; the chunk moves to (2 j + (q >> 1)) ^ 2 x with
+  // x = row % 8 (the same for both of the thread's rows), i.e. to 2 (j ^ x) + (q >> 1).
+  const uint32_t x = (uint32_t(lane) >> 2) & 7u;
+  const uint32_t q = uint32_t(lane) & 3u;
+  char* base = stage + uint32_t(row0) * kRowBytes + (q >> 1) * 16 + (q & 1) * 8;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    CUTE_UNROLL
+    for (int j = 0; j < size(o) / 4; ++j) {
+      char* dst = base + r * 8 * kRowBytes + ((uint32_t(j) ^ x) * 32);
+      *reinterpret_cast<float2*>(dst) = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+    }
+  }
+}
+template <int NUM_HEADS, class FragO>
+__device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* stage, int64_t piece_row, int m_block,
+                                                   int wg, int tid_wg, int row0, FragO const& o,
+                                                   const float (&inv_sum)[2], const float (&lse)[2]) {
+  const MlaDecodeArgs& a = p.a;
+  const int lane = tid_wg % 32;
+  const SplitWorkspace ws = split_workspace(a);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
+    const int grow = m_block * kBlockM + row0 + 8 * r;
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
+    ws.lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
+  }
+  stage_o_f32(stage, lane, row0, o, inv_sum);
+  warpgroup_barrier(kBarOwnP + wg);
+  auto dst_of = [&](uint32_t row) -> char* {
+    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
+    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
+    return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
+                                   wg * (kHeadDimV / kNumWarpgroups));
+  };
+  copy_staged_rows<float, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/1>(stage, tid_wg, dst_of);
+}
+
 // Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
 // the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values
 // each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
@@ -257,7 +310,7 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
 // lse -inf, a request with a bad seq_len NaN.
 // MLA_ST_STORE_ROLLED: the same stores as a rolled loop (one trip per pass of kRowsPerPass rows), the
 // destination chosen once: kToWs writes the fp32 workspace row, else out and lse. With
-// MLA_ST_STORE_ROLLED 2 each row's 1 / l and lse come from s.row_out (merge_st wrote them), so a trip
+// MLA_ST_STORE_ROLLED 2 each row's v_scale / l and lse come from s.row_out (merge_st wrote them), so a trip
 // waits for two shared-memory loads instead of the row statistics' chain of loads and MUFU ops.
 template <class Out, int NUM_HEADS, bool kToWs, class Storage>
 __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, const Storage& s, int b, int split,
@@ -422,7 +475,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
-template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false>
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -486,8 +539,16 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
                                                       row0, tOrO, inv_sum, lse);
   } else {
     // Split kernels keep the direct stores, for workspace pieces (fp32) and for out: staged, the
-    // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12).
-    store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+    // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12), unless
+    // MLA_EPI_SPLIT_STAGED stages the pieces (uniform launches: the ring is idle past kBarEnd).
+    if (kStagedPieces && piece_row >= 0) {
+      static_assert(!kStagedPieces || sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float),
+                    "a stage holds a warpgroup's fp32 block of O");
+      store_piece_staged<NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block, wg, tid_wg, row0, tOrO,
+                                    inv_sum, lse);
+    } else {
+      store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+    }
   }
   if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceStored);
 }
@@ -777,8 +838,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0>(p, s, w, piece_row, score_scale, v_scale, /*phases=*/0,
-                                                                        /*buf=*/0);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
+            /*kStagedPieces=*/MLA_EPI_SPLIT_STAGED != 0 && SPLIT>(p, s, w, piece_row, score_scale, v_scale,
+                                                                 /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
