@@ -119,20 +119,34 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
     assert plain != flagged
 
 
+_SWITCH_BUILDS = {
+    # Every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose 40-register
+    # producer and the 208-register fp8 math warpgroups spilled in a first trace build), the 64-row fp8
+    # path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three warpgroups spilled
+    # 4 bytes when merge_st also computed the row statistics there).
+    "all-paths": ("-DMLA_Q_FIRST=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2 -DMLA_EPI_SPLIT_STAGED=1",
+                  ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split",
+                   "mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h16_p1_bf16_split",
+                   "mla_decode_h16_p64_fp8_e4m3_split"]),
+    # The shared-tile transposed consumer, 16- and 8-row blocks, with the rolled stores reading the
+    # row statistics from finish_st_shared, and alone (the stores compute them from warpgroup 0's).
+    "st-shared": ("-DMLA_ST_SHARED=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2",
+                  ["mla_decode_h16_p1_bf16_split", "mla_decode_h8_p64_fp16_nosplit"]),
+    "st-shared-plain": ("-DMLA_ST_SHARED=1", ["mla_decode_h8_p16_bf16_split"]),
+}
+
+
 @needs_nvcc
-def test_prepared_kernel_switches_compile_without_spills(tmp_path):
+@pytest.mark.parametrize("build", sorted(_SWITCH_BUILDS))
+def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_ST_STORE_ROLLED 2: the transposed
     path's rolled epilogue stores; MLA_EPI_SPLIT_STAGED: the 64-row split kernels' staged workspace
-    pieces; both prepared for an A/B) must keep compiling together, without spills, on
-    every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose 40-register
-    producer and the 208-register fp8 math warpgroups spilled in a first trace build), the 64-row fp8
-    path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three warpgroups spilled 4
-    bytes when merge_st also computed the row statistics there)."""
+    pieces; MLA_ST_SHARED: both math warpgroups on every tile of the transposed path; the last three
+    prepared for an A/B) must keep compiling together, without spills (_SWITCH_BUILDS)."""
     import os
-    env = {**os.environ, "CUDAFLAGS": "-DMLA_Q_FIRST=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2 -DMLA_EPI_SPLIT_STAGED=1"}
-    names = ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split", "mla_decode_h128_p64_fp8_e4m3_split",
-             "mla_decode_h16_p1_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]
+    flags, names = _SWITCH_BUILDS[build]
+    env = {**os.environ, "CUDAFLAGS": flags}
     filters = [arg for name in names for arg in ("--filter", name.removeprefix("mla_decode_"))]
     p = subprocess.run([sys.executable, "-m", "codegen", "build", *filters, "--generated-dir", str(tmp_path / "generated"),
                         "--build-dir", str(tmp_path / "build")], capture_output=True, text=True, cwd=ROOT, env=env)
@@ -143,7 +157,8 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path):
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
     lib = ctypes.CDLL(str(tmp_path / "build" / "libmla_variants.so"))
-    assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0  # a trace build
+    if "-DMLA_TRACE=1" in flags:  # a trace build has the buffer's switch
+        assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0
 
 
 @needs_nvcc

@@ -74,11 +74,21 @@
 // (kernel.cuh store_rows_st) run as a rolled loop over the CTA's rows, with the workspace-or-out choice
 // made once outside it, instead of four unrolled passes that each carry both store paths (~900
 // instructions executed once per CTA; the v3.14 trace measured that phase at 2.1 us of an 8 us CTA).
-// 2: the same loop, and merge_st's idle warpgroup 0 computes each row's v_scale / l and lse beforehand.
+// 2: the same loop, and merge_st's idle warpgroup 0 (finish_st_shared's warpgroup 0 under MLA_ST_SHARED)
+// computes each row's v_scale / l and lse beforehand.
 #ifndef MLA_ST_STORE_ROLLED
 #define MLA_ST_STORE_ROLLED 0
 #endif
 static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STORE_ROLLED is 0, 1 or 2");
+
+// MLA_ST_SHARED (default 0 while it is A/B-tested): on the transposed 16-bit path both math warpgroups
+// work on every tile (each its own S^T, the same softmax, and P V for its half of the 512 latent rows)
+// instead of each taking every other tile whole (consumer_st.cuh consume_st_shared). No O^T merge is
+// left, and neither warpgroup waits for the other's last tile: the v3.14 trace's lag and merge, 1.4 us
+// of an 8 us CTA at 16 x 1 x 1024. It costs one S^T per warpgroup per tile.
+#ifndef MLA_ST_SHARED
+#define MLA_ST_SHARED 0
+#endif
 
 // MLA_EPI_SPLIT_STAGED (default 0 while it is A/B-tested): the 64-row path's split kernels store their
 // fp32 workspace pieces through shared memory too (kernel.cuh store_piece_staged: 512 contiguous bytes

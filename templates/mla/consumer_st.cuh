@@ -30,11 +30,15 @@
 // (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). A thread therefore holds kRows / 4 distinct columns (4 at
 // kRows 16), indexed here by c = (i >> 2) * 2 + (i & 1); O^T's fragment (MMA, 8 atoms along M, 1)
 // uses the same column mapping for its MMA index, so one alpha per c rescales both.
+//
+// MLA_ST_SHARED changes the ownership above: both warpgroups take every tile (consume_st_shared below),
+// each stage's slots are read by all eight math warps, and finish_st_shared replaces the merge.
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 
 #include "constants.cuh"
+#include "consumer.cuh"  // issue_s, issue_pv, release
 #include "layouts.cuh"
 #include "primitives.cuh"
 
@@ -46,8 +50,10 @@ using namespace cute;
 // the fp8 register path's producer barrier, producer.cuh kBarProducer).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
+// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only
+// (MLA_ST_SHARED: by all eight math warps, kStSharedEmptyCount).
 constexpr int kStEmptyCount = 4;
+constexpr int kStSharedEmptyCount = 8;
 
 // Column index c (0 .. kRows / 4 - 1) and query row n of accumulator element i.
 __device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) * 2 + (i & 1); }
@@ -179,7 +185,6 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
   Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
   uint64_t* full = &s.kv_full[wg * kSubTiles];
   uint64_t* empty = &s.kv_empty[wg * kSubTiles];
-  constexpr int kKStepsPerSubTile = kSubTileCols / 16;
   const int tok0 = 16 * c.warp + c.lane / 4;  // this thread's token rows: tok0 and tok0 + 8
 
   wait_barrier(&s.q_full, 0);
@@ -188,20 +193,7 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     const int parity = i & 1;  // use i of stage wg
     // ---- S^T, each 64-column k-slice issued as soon as its slot has landed.
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
-    fence_fragment(tSrS);
-    warpgroup_arrive();
-    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int sub = 0; sub < kSubTiles; ++sub) {
-      wait_barrier(&full[sub], parity);
-      fence_proxy_async_shared();  // producer's cp.async writes -> wgmma reads
-      CUTE_UNROLL
-      for (int k = sub * kKStepsPerSubTile; k < (sub + 1) * kKStepsPerSubTile; ++k) {
-        cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), tSrS);
-        mma_s.accumulate_ = GMMA::ScaleOut::One;
-      }
-    }
-    warpgroup_commit_batch();
+    issue_s(mma_s, tSrK, tSrQ, tSrS, full, parity);  // consumer.cuh; A = the KV tile, B = Q here
     warpgroup_wait<0>();
     fence_fragment(tSrS);
     release(empty + kSubTiles - 1, 1, c.lane);  // the RoPE slot is read by S^T only
@@ -211,16 +203,95 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     warpgroup_barrier(kBarStWg + wg);
 
     // ---- O^T += V^T P^T over the 64 tokens (4 k-steps), 8 atoms of 64 latent rows each.
-    fence_fragment(tOrO);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrV); ++k) cute::gemm(mma_o, tOrV(_, _, k), tOrP(_, _, k), tOrO);
-    warpgroup_commit_batch();
+    issue_pv(mma_o, tOrV, tOrP, tOrO);  // consumer.cuh; A = V^T, B = P^T here
     warpgroup_wait<0>();
     fence_fragment(tOrO);
     release(empty, kSubTiles - 1, c.lane);  // the latent slots (K and V) are done
   }
 }
+
+// MLA_ST_SHARED (constants.cuh): both math warpgroups of the 16-bit path on every tile.
+//
+// Tile t lives in stage t % 2, as for the producer always. Each warpgroup computes the tile's whole S^T
+// (the same values in both), runs the same online softmax on it (so m_run and the row sums agree
+// bit for bit), and then O^T[256 wg .. 256 wg + 255] += V^T[that half] P^T with its own P^T copy.
+// A stage's slots are released by all eight math warps: the RoPE slot and the other warpgroup's four
+// latent slots once S^T is done, the warpgroup's own four once its P V is done. So the two warpgroups
+// finish a split together, hold disjoint halves of O^T (no merge), and the tensor work per tile is
+// two S^T (n = kRows, cheap) plus one P V split in two.
+template <class Storage>
+constexpr bool kStShared =
+    MLA_ST_SHARED != 0 && Storage::kRowsPerCta <= 16 && !Storage::kRegWiden && Storage::kMathWgs == 2;
+// The warpgroups whose row statistics make up a row's max and sum (all of them, or warpgroup 0 alone
+// when they all saw every key).
+template <class Storage>
+constexpr int kStatWgs = kStShared<Storage> ? 1 : Storage::kMathWgs;
+// Latent rows of O^T a warpgroup holds.
+template <class Storage>
+constexpr int kStORows = kStShared<Storage> ? kHeadDimV / kNumWarpgroups : kHeadDimV;
+
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+__device__ __forceinline__ void consume_st_shared(Storage& s, const StContext<kRows>& c, FragO& tOrO,
+                                                  float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
+  using Element = typename Storage::Element;
+  using L = KernelLayouts<Element>;
+  using LS = StLayouts<Element, kRows>;
+  constexpr int kHalf = kHeadDimV / kNumWarpgroups;  // 256 latent rows per warpgroup
+  constexpr int kHalfSlots = kHalf / kSubTileCols;   // in 4 latent slots
+  typename LS::TiledMmaS mma_s;
+  typename LS::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O^T starts cleared and only ever accumulates
+  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
+  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
+  const int wg = c.wg;
+  Element* pt = s.pt[wg];
+  Tensor tSrQ = thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.q), typename LS::SmemLayoutQ{}));
+  Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
+  const int tok0 = 16 * c.warp + c.lane / 4;  // this thread's token rows: tok0 and tok0 + 8
+
+  // One tile in stage kStage (a compile-time constant, so both stages' operand descriptors are fixed).
+  auto tile = [&](auto stage_c, int t, int parity) {
+    constexpr int kStage = decltype(stage_c)::value;
+    uint64_t* full = &s.kv_full[kStage * kSubTiles];
+    uint64_t* empty = &s.kv_empty[kStage * kSubTiles];
+    Tensor tSrK = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(s.kv[kStage]), typename L::SmemLayoutKV{}));
+    Tensor sVt = make_tensor(make_smem_ptr(s.kv[kStage]), typename L::SmemLayoutVt{});
+    Tensor tOrV = thr_o.partition_fragment_A(local_tile(sVt, Shape<Int<kHalf>, Int<kBlockN>>{}, make_coord(wg, 0)));
+    // ---- S^T, each 64-column k-slice issued as soon as its slot has landed.
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
+    issue_s(mma_s, tSrK, tSrQ, tSrS, full, parity);  // consumer.cuh; A = the KV tile, B = Q here
+    warpgroup_wait<0>();
+    fence_fragment(tSrS);
+    release(empty + kSubTiles - 1, 1, c.lane);                  // the RoPE slot: read by S^T only
+    release(empty + (1 - wg) * kHalfSlots, kHalfSlots, c.lane);  // the other half: P V is the other's
+
+    st_softmax_to_pt</*kPermuteTokens=*/false>(s, c, t, tok0, tSrS, tOrO, m_run, l_run, pt);
+    fence_proxy_async_shared();  // P^T stores -> wgmma reads
+    warpgroup_barrier(kBarStWg + wg);
+
+    // ---- O^T[this half] += V^T[this half] P^T over the 64 tokens (4 k-steps), 4 atoms of 64 rows.
+    issue_pv(mma_o, tOrV, tOrP, tOrO);  // consumer.cuh; A = V^T, B = P^T here
+    warpgroup_wait<0>();
+    fence_fragment(tOrO);
+    release(empty + wg * kHalfSlots, kHalfSlots, c.lane);  // this half of the latent slots is done
+  };
+
+  wait_barrier(&s.q_full, 0);
+  for (int i = 0; 2 * i < c.num_tiles; ++i) {
+    const int parity = i & 1;  // use i of each stage
+    tile(cute::Int<0>{}, 2 * i, parity);
+    if (2 * i + 1 < c.num_tiles) tile(cute::Int<1>{}, 2 * i + 1, parity);
+  }
+}
+
+// The end of a split under MLA_ST_SHARED: warpgroup 0's row sums and maxima stand for the row (both
+// warpgroups saw every key with the same max), and each warpgroup writes its half of O^T into s.o_x
+// (unnormalised, on that max) as merge_st leaves it. Called by all math threads, also when the split
+// has no tile.
+template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
+__device__ __forceinline__ void finish_st_shared(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
+                                                 const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
+                                                 float v_scale, bool bad_len);
 
 // Whether merge_st writes O^T as float4 (the register path's row order: a thread's 16 values per query
 // row are latent values 16 g' .. 16 g' + 15, g' = 8 warp + lane / 4). Float4 q of such a group is
@@ -233,17 +304,17 @@ constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
 template <class Storage>
 constexpr bool kRowOutInMerge = MLA_ST_STORE_ROLLED == 2 && !Storage::kRegWiden;
 
-// Final max and row sum of query row n once merge_st has exchanged the statistics: m (-inf for a row
-// that saw no key) and l.
+// Final max and row sum of query row n once merge_st (or finish_st_shared) has published the
+// statistics: m (-inf for a row that saw no key) and l.
 template <class Storage>
 __device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
   m = s.wg_max[0][n];
   CUTE_UNROLL
-  for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
+  for (int w = 1; w < kStatWgs<Storage>; ++w) m = fmaxf(m, s.wg_max[w][n]);
   const float m_sub = m == -INFINITY ? 0.f : m;
   l = 0.f;
   CUTE_UNROLL
-  for (int w = 0; w < Storage::kMathWgs; ++w) {
+  for (int w = 0; w < kStatWgs<Storage>; ++w) {
     const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
     l += lw * exp2f(s.wg_max[w][n] - m_sub);
   }
@@ -261,6 +332,25 @@ __device__ __forceinline__ void st_row_out(const Storage& s, int n, float v_scal
   if (bad_len) inv_sum = lse = __int_as_float(0x7fc00000);  // NaN
 }
 
+// A warpgroup's final statistics into slot w of s.col_stat / s.wg_max: per warp its row sums over the
+// thread's token rows reduced across the warp (col_stat[w][warp][n]), and the running max (wg_max[w][n],
+// the same in every warp). The loop's last col_stat reads happened before its last P^T barrier.
+template <class Storage, int kRows>
+__device__ __forceinline__ void st_publish_stats(Storage& s, const StContext<kRows>& c, const float (&m_run)[kRows / 4],
+                                                 float (&l_run)[kRows / 4], int w) {
+  CUTE_UNROLL
+  for (int j = 0; j < kRows / 4; ++j) {
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 4);
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 8);
+    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 16);
+    if (c.lane < 4) {
+      const int n = st_col_of_index(j, c.lane);
+      s.col_stat[w][c.warp][n] = l_run[j];
+      if (c.warp == 0) s.wg_max[w][n] = m_run[j];
+    }
+  }
+}
+
 // Merges the math warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all math threads, also when the split has no tile (then everything is 0 and -inf). Warpgroup 0
@@ -273,18 +363,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
                                          bool bad_len) {
   constexpr int kCols = kRows / 4;
   const int wg = c.wg;
-  // The loop's last col_stat reads happened before its last P^T barrier; nobody reads it now.
-  CUTE_UNROLL
-  for (int j = 0; j < kCols; ++j) {
-    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 4);
-    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 8);
-    l_run[j] += __shfl_xor_sync(0xffffffff, l_run[j], 16);
-    if (c.lane < 4) {
-      const int n = st_col_of_index(j, c.lane);
-      s.col_stat[wg][c.warp][n] = l_run[j];
-      if (c.warp == 0) s.wg_max[wg][n] = m_run[j];
-    }
-  }
+  st_publish_stats(s, c, m_run, l_run, wg);
   math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
   float f[kCols];  // this warpgroup's factor per column
   CUTE_UNROLL
@@ -353,6 +432,31 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     // Warpgroup 0 is idle while the last warpgroup adds its O^T: it writes each row's scale and lse.
     if (wg == 0 && c.tid_wg < kRows) {
       st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
+    }
+  }
+  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
+}
+
+template <class Storage, class FragO, int kRows>
+__device__ __forceinline__ void finish_st_shared(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
+                                                 const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
+                                                 float v_scale, bool bad_len) {
+  const int wg = c.wg;
+  if (wg == 0) st_publish_stats(s, c, m_run, l_run, 0);
+  // Element (MMA e, atom m) of this warpgroup's O^T is latent row d = 256 wg + 64 m + 16 warp +
+  // lane / 4 + 8 ((e >> 1) & 1), query row n = st_col(e).
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOrO); ++m) {
+    CUTE_UNROLL
+    for (int e = 0; e < size<0>(tOrO); ++e) {
+      const int d = (kHeadDimV / kNumWarpgroups) * wg + 64 * m + 16 * c.warp + c.lane / 4 + 8 * ((e >> 1) & 1);
+      s.o_x[st_col(e, c.lane) * kOxStride + d] = tOrO(e, m, 0);
+    }
+  }
+  if constexpr (kRowOutInMerge<Storage>) {
+    if (wg == 0) {  // its row statistics are complete once its four warps have written them
+      warpgroup_barrier(kBarStWg);
+      if (c.tid_wg < kRows) st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
     }
   }
   math_barrier<128 * Storage::kMathWgs>(kBarStMerge);

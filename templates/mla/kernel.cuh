@@ -161,7 +161,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
 // 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
 // from the accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12).
-// Split kernels keep store_rows (staged, their batch-1 to batch-8 calls measured 1-4 us slower).
+// Split kernels keep store_rows (staged, their batch-1 to batch-8 calls measured 1-4 us slower), unless
+// MLA_EPI_SPLIT_STAGED stages their fp32 workspace pieces (store_piece_staged below).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
   static_assert(sizeof(T) == 2, "16-bit output types");
@@ -303,15 +304,11 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
   copy_staged_rows<float, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/1>(stage, tid_wg, dst_of);
 }
 
-// Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
-// the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values
-// each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the
-// workspace row store_rows uses. Same conventions as store_rows: a row that saw no key gets out 0 and
-// lse -inf, a request with a bad seq_len NaN.
-// MLA_ST_STORE_ROLLED: the same stores as a rolled loop (one trip per pass of kRowsPerPass rows), the
-// destination chosen once: kToWs writes the fp32 workspace row, else out and lse. With
-// MLA_ST_STORE_ROLLED 2 each row's v_scale / l and lse come from s.row_out (merge_st wrote them), so a trip
-// waits for two shared-memory loads instead of the row statistics' chain of loads and MUFU ops.
+// MLA_ST_STORE_ROLLED: store_rows_st's stores (below) as a rolled loop, one trip per pass of
+// kRowsPerPass rows, the destination chosen once: kToWs writes the fp32 workspace row, else out and
+// lse. With MLA_ST_STORE_ROLLED 2 each row's v_scale / l and lse come from s.row_out (merge_st or
+// finish_st_shared wrote them), so a trip waits for two shared-memory loads instead of the row
+// statistics' chain of loads and MUFU ops.
 template <class Out, int NUM_HEADS, bool kToWs, class Storage>
 __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, const Storage& s, int b, int split,
                                                      int m_block, int tid, float v_scale, bool bad_len) {
@@ -357,6 +354,11 @@ __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, cons
   }
 }
 
+// Epilogue of the transposed path: after merge_st (or finish_st_shared), s.o_x holds each query
+// row's O (unnormalised, on the merged max). All math threads store the real rows, 64 threads per
+// row, 8 consecutive values each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores),
+// to out/lse or to the workspace row store_rows uses. Same conventions as store_rows: a row that saw
+// no key gets out 0 and lse -inf, a request with a bad seq_len NaN.
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
 __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Storage& s, int b, int split, int m_block,
                                               int tid, float v_scale, bool bad_len) {
@@ -541,11 +543,15 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     // Split kernels keep the direct stores, for workspace pieces (fp32) and for out: staged, the
     // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12), unless
     // MLA_EPI_SPLIT_STAGED stages the pieces (uniform launches: the ring is idle past kBarEnd).
-    if (kStagedPieces && piece_row >= 0) {
-      static_assert(!kStagedPieces || sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float),
+    if constexpr (kStagedPieces) {
+      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float),
                     "a stage holds a warpgroup's fp32 block of O");
-      store_piece_staged<NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block, wg, tid_wg, row0, tOrO,
-                                    inv_sum, lse);
+      if (piece_row >= 0) {
+        store_piece_staged<NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block, wg, tid_wg, row0,
+                                      tOrO, inv_sum, lse);
+      } else {  // a split variant run with one split writes out directly
+        store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+      }
     } else {
       store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
     }
@@ -713,9 +719,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i],
                                           Types::kFp8 && !Storage::kRegWiden ? kFp8WidenThreads : kProducerThreads);
       // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning
-      // warpgroup's four warps).
+      // warpgroup's four warps; consume_st_shared: all eight).
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[i],
-                                          kSt ? kStEmptyCount : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
+                                          kSt ? (kStShared<Storage> ? kStSharedEmptyCount : kStEmptyCount)
+                                              : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
       if constexpr (Types::kFp8 && !Storage::kRegWiden) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
@@ -818,18 +825,25 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       l_run[j] = 0.f;
     }
     __syncwarp();
-    Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
+    // O^T: all 512 latent rows, or this warpgroup's 256 (MLA_ST_SHARED).
+    Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kStORows<Storage>>, Int<kRows>>{});
     clear(tOrO);
     if (num_tiles > 0) {
       if constexpr (Storage::kRegWiden) {
         consume_st_regs(s, ctx, tOrO, m_run, l_run);
+      } else if constexpr (kStShared<Storage>) {
+        consume_st_shared(s, ctx, tOrO, m_run, l_run);
       } else {
         consume_st(s, ctx, tOrO, m_run, l_run);
       }
     }
     trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
     trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
-    merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
+    if constexpr (kStShared<Storage>) {
+      finish_st_shared(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
+    } else {
+      merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
+    }
     trace_at(p, kProducerThreads).stamp(kTraceMerged);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);
