@@ -133,6 +133,9 @@ _SWITCH_BUILDS = {
     "st-shared": ("-DMLA_ST_SHARED=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2",
                   ["mla_decode_h16_p1_bf16_split", "mla_decode_h8_p64_fp16_nosplit"]),
     "st-shared-plain": ("-DMLA_ST_SHARED=1", ["mla_decode_h8_p16_bf16_split"]),
+    # 16-bit partial outputs: staged 16-bit pieces, the scheduled kernel's direct 16-bit stores, the
+    # transposed path's 16-byte stores (fp8: bf16 pieces), every combine reading 16-bit words.
+    "partial-16": ("-DMLA_PARTIAL_16=1", ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
 }
 
 
@@ -142,8 +145,9 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_ST_STORE_ROLLED 2: the transposed
     path's rolled epilogue stores; MLA_EPI_SPLIT_STAGED: the 64-row split kernels' staged workspace
-    pieces; MLA_ST_SHARED: both math warpgroups on every tile of the transposed path; the last three
-    prepared for an A/B) must keep compiling together, without spills (_SWITCH_BUILDS)."""
+    pieces; MLA_ST_SHARED: both math warpgroups on every tile of the transposed path; MLA_PARTIAL_16:
+    16-bit partial outputs; the last four prepared for an A/B) must keep compiling together, without
+    spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

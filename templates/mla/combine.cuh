@@ -100,7 +100,7 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 //   independent 16-byte loads in flight. The first version looped over the splits one dependent
 //   load after another: 13 us of a 39 us call at 64 splits (docs/perf-notes.md, combine v2).
 template <class Out>
-__device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace& ws, int b, int qi, int h,
+__device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace<Out>& ws, int b, int qi, int h,
                                             int64_t row, int64_t rows_per_split, int num_splits, float* weight,
                                             float* scratch) {
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -108,21 +108,21 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   float max_lse = -INFINITY;
   bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
   if (num_splits <= kCombineUnroll) {
-    const float* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+    const Partial<Out>* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
     const int64_t split_stride = rows_per_split * kHeadDimV;
     float l[kCombineUnroll];
-    float4 o[kCombineUnroll];
+    PartialWords4<Partial<Out>> o[kCombineUnroll];
     CUTE_UNROLL
     for (int s = 0; s < kCombineUnroll; ++s) {
       l[s] = s < num_splits ? ws.lse[s * rows_per_split + row] : -INFINITY;
       // Read before the weight is known (one round trip). An empty split (lse -inf) is selected away
       // below, never multiplied by 0: its CTA writes zeros today, but the combine does not rely on it.
-      o[s] = s < num_splits ? *reinterpret_cast<const float4*>(o_row + s * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+      o[s] = s < num_splits ? load_partial4(o_row + s * split_stride) : zero_partial4<Partial<Out>>();
     }
     float w[kCombineUnroll];
     split_weights(l, w, sum, max_lse, bad);
     CUTE_UNROLL
-    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], o[s]);
+    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], widen_partial4<Partial<Out>>(o[s]));
   } else {
     // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
     // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
@@ -137,7 +137,7 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
     // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
     // lse -inf, weighs exactly 0, and its partial output is not read.
     if (max_lse != -INFINITY) {  // uniform over the CTA
-      const float* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+      const Partial<Out>* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
       const int64_t split_stride = rows_per_split * kHeadDimV;
       for (int first = 0; first < num_splits; first += kCombineThreads) {
         const int n = min(kCombineThreads, num_splits - first);
@@ -147,21 +147,22 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
           sum += w;
         }
         __syncthreads();
-        const float* o_first = o_row + first * split_stride;
+        const Partial<Out>* o_first = o_row + first * split_stride;
         for (int i = 0; i < n; i += kCombineUnroll) {
-          float4 o[kCombineUnroll];
+          PartialWords4<Partial<Out>> o[kCombineUnroll];
           CUTE_UNROLL
           for (int u = 0; u < kCombineUnroll; ++u) {
             const bool live = i + u < n && weight[min(i + u, n - 1)] != 0.f;
-            o[u] = live ? *reinterpret_cast<const float4*>(o_first + (i + u) * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+            o[u] = live ? load_partial4(o_first + (i + u) * split_stride) : zero_partial4<Partial<Out>>();
           }
           CUTE_UNROLL
           for (int u = 0; u < kCombineUnroll; ++u) {
             const float w = i + u < n ? weight[min(i + u, n - 1)] : 0.f;
-            acc.x += w * o[u].x;
-            acc.y += w * o[u].y;
-            acc.z += w * o[u].z;
-            acc.w += w * o[u].w;
+            const auto& v = widen_partial4<Partial<Out>>(o[u]);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
           }
         }
         __syncthreads();  // the next chunk overwrites `weight`
@@ -190,20 +191,20 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   const int h = int(out_row % a.num_heads);
   const int qi = int((out_row / a.num_heads) % a.q_len);
   const int b = int(out_row / rows_per_req);
-  const SplitWorkspace ws = split_workspace(a);
+  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   constexpr int kChunks = kHeadDimV / 128;  // float4 column groups per lane
   float l[S];
-  float4 o[S][kChunks];
+  PartialWords4<Partial<Out>> o[S][kChunks];
   CUTE_UNROLL
   for (int s = 0; s < S; ++s) {
     const int64_t row = s * rows_per_split + out_row;
     l[s] = ws.lse[row];
-    const float* o_row = ws.o + row * kHeadDimV + lane * 4;
+    const Partial<Out>* o_row = ws.o + row * kHeadDimV + lane * 4;
     CUTE_UNROLL
-    for (int k = 0; k < kChunks; ++k) o[s][k] = *reinterpret_cast<const float4*>(o_row + k * 128);
+    for (int k = 0; k < kChunks; ++k) o[s][k] = load_partial4(o_row + k * 128);
   }
   float w[S];
   float sum = 0.f, max_lse = -INFINITY;
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   for (int k = 0; k < kChunks; ++k) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     CUTE_UNROLL
-    for (int s = 0; s < S; ++s) accumulate(acc, w[s], o[s][k]);
+    for (int s = 0; s < S; ++s) accumulate(acc, w[s], widen_partial4<Partial<Out>>(o[s][k]));
     store_combined<Out>(a, b, qi, h, k * 128 + lane * 4, acc, sum, max_lse, bad, lane == 0 && k == 0);
   }
 }
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
-  const SplitWorkspace ws = split_workspace(a);
+  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   float sum = 0.f;
   for (int first = warp; first < num_splits; first += kCombineWideWarps * kCombineUnroll) {
     float l[kCombineUnroll];
-    float4 o[kCombineUnroll];
+    PartialWords4<Partial<Out>> o[kCombineUnroll];
     CUTE_UNROLL
     for (int u = 0; u < kCombineUnroll; ++u) {
       const int s = first + u * kCombineWideWarps;
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
       // and sank every load next to its use), so all of them are in flight before the first weight.
       const int64_t row = int64_t(s < num_splits ? s : warp) * rows_per_split + out_row;
       l[u] = ws.lse[row];
-      o[u] = *reinterpret_cast<const float4*>(ws.o + row * kHeadDimV + col);
+      o[u] = load_partial4(ws.o + row * kHeadDimV + col);
       if (s >= num_splits) l[u] = -INFINITY;
     }
     CUTE_UNROLL
@@ -292,10 +293,11 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
       const float w = max_lse != -INFINITY ? __expf(l[u] - max_lse) : 0.f;
       sum += w;
       // A split of weight 0 (no key, or past the last) adds exactly 0 whatever its partial holds.
-      acc.x += w != 0.f ? w * o[u].x : 0.f;
-      acc.y += w != 0.f ? w * o[u].y : 0.f;
-      acc.z += w != 0.f ? w * o[u].z : 0.f;
-      acc.w += w != 0.f ? w * o[u].w : 0.f;
+      const auto& v = widen_partial4<Partial<Out>>(o[u]);
+      acc.x += w != 0.f ? w * v.x : 0.f;
+      acc.y += w != 0.f ? w * v.y : 0.f;
+      acc.z += w != 0.f ? w * v.z : 0.f;
+      acc.w += w != 0.f ? w * v.w : 0.f;
     }
   }
   part[warp][lane] = acc;
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   const int h = int(out_row % a.num_heads);
   const int qi = int((out_row / a.num_heads) % a.q_len);
   const int b = int(out_row / rows_per_req);
-  const SplitWorkspace ws = split_workspace(a);
+  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
 #if MLA_PDL
   // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
   // completed and its workspace writes are visible.
@@ -353,7 +355,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
   int64_t i = blockIdx.x;
   if (i >= rows) return;
-  const SplitWorkspace ws = split_workspace(a);
+  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
   const ScheduleView sv{a.schedule, a.sched_ctas};
   // The row's request and its pieces; the first row's are read before the wait (the schedule kernel
   // finished before the decode grid started), so only the partial results wait for the decode grid.

@@ -85,18 +85,70 @@ __device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread)
 // Where the split-KV partial results live inside the workspace: one [q_len, num_heads] block of rows
 // per piece. Uniform split: piece split * batch + b; balanced schedule: the pieces schedule.cuh numbers,
 // at most batch + sched_ctas - 1 (the workspace holds batch + sched_ctas).
+// The partial outputs' element type: fp32, or with MLA_PARTIAL_16 the output's 16-bit type (the
+// workspace keeps its fp32 size and layout; the o region is then half used).
+template <class Out>
+using Partial = std::conditional_t<MLA_PARTIAL_16 != 0, Out, float>;
+
+template <class Out>
 struct SplitWorkspace {
-  float* o;     // [pieces, q_len, num_heads, 512], already divided by the row sum
-  float* lse;   // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key
+  Partial<Out>* o;  // [pieces, q_len, num_heads, 512], already divided by the row sum
+  float* lse;       // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key
 };
+
+// Eight consecutive partial values (a thread's share of a transposed-path row): two float4, or one
+// 16-byte word of packed 16-bit values.
+template <class P>
+__device__ __forceinline__ void store_partial8(P* dst, float4 lo, float4 hi) {
+  if constexpr (std::is_same_v<P, float>) {
+    reinterpret_cast<float4*>(dst)[0] = lo;
+    reinterpret_cast<float4*>(dst)[1] = hi;
+  } else {
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(pack2<P>(lo.x, lo.y), pack2<P>(lo.z, lo.w), pack2<P>(hi.x, hi.y), pack2<P>(hi.z, hi.w));
+  }
+}
+
+// Four consecutive partial values as loaded (float4, or a uint2 of packed 16-bit values) and widened to
+// fp32 apart: the combines load every split's words before they widen any.
+template <class P>
+using PartialWords4 = std::conditional_t<std::is_same_v<P, float>, float4, uint2>;
+template <class P>
+__device__ __forceinline__ PartialWords4<P> load_partial4(const P* src) {
+  if constexpr (std::is_same_v<P, float>) {
+    return *reinterpret_cast<const float4*>(src);
+  } else {
+    uint2 v;
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(src));
+    return v;
+  }
+}
+template <class P>
+__device__ __forceinline__ PartialWords4<P> zero_partial4() {
+  if constexpr (std::is_same_v<P, float>) {
+    return make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+    return make_uint2(0u, 0u);
+  }
+}
+template <class P>
+__device__ __forceinline__ decltype(auto) widen_partial4(const PartialWords4<P>& v) {
+  if constexpr (std::is_same_v<P, float>) {
+    return (v);  // the float4 itself: the fp32 combines compile as before
+  } else {
+    const float2 a = unpack2<P>(v.x), b = unpack2<P>(v.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+}
 
 __host__ __device__ __forceinline__ int64_t workspace_pieces(const MlaDecodeArgs& a) {
   return a.schedule != nullptr ? int64_t(a.batch) + a.sched_ctas : int64_t(a.num_kv_splits) * a.batch;
 }
 
-__host__ __device__ __forceinline__ SplitWorkspace split_workspace(const MlaDecodeArgs& a) {
+template <class Out>
+__host__ __device__ __forceinline__ SplitWorkspace<Out> split_workspace(const MlaDecodeArgs& a) {
   const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
-  return SplitWorkspace{a.workspace, a.workspace + rows * kHeadDimV};
+  return SplitWorkspace<Out>{reinterpret_cast<Partial<Out>*>(a.workspace), a.workspace + rows * kHeadDimV};
 }
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
@@ -129,13 +181,17 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
     const int h = grow % NUM_HEADS;
     if (qi >= a.q_len || h >= a.num_heads) continue;
     if (piece_row >= 0) {
-      const SplitWorkspace ws = split_workspace(a);
+      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
       const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
-      float* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
+      Partial<Out>* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
       CUTE_UNROLL
       for (int j = 0; j < size(o) / 4; ++j) {
-        const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
-        *reinterpret_cast<float2*>(dst + 8 * j) = v;
+        if constexpr (std::is_same_v<Partial<Out>, float>) {
+          const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+          *reinterpret_cast<float2*>(dst + 8 * j) = v;
+        } else {  // MLA_PARTIAL_16 (the scheduled kernel; uniform launches stage them)
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+        }
       }
       if (wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
     } else {
@@ -278,13 +334,17 @@ __device__ __forceinline__ void stage_o_f32(char* stage, int lane, int row0, Fra
     }
   }
 }
-template <int NUM_HEADS, class FragO>
+// With MLA_PARTIAL_16 the same for 16-bit pieces, staged as stage_o stages `out` (whole 512-byte rows
+// per warp store: full 32-byte sectors, where 16-bit stores straight from the accumulators would write
+// half sectors).
+template <class Out, int NUM_HEADS, class FragO>
 __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* stage, int64_t piece_row, int m_block,
                                                    int wg, int tid_wg, int row0, FragO const& o,
                                                    const float (&inv_sum)[2], const float (&lse)[2]) {
+  using P = Partial<Out>;
   const MlaDecodeArgs& a = p.a;
   const int lane = tid_wg % 32;
-  const SplitWorkspace ws = split_workspace(a);
+  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
     const int grow = m_block * kBlockM + row0 + 8 * r;
@@ -292,7 +352,11 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
     ws.lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
   }
-  stage_o_f32(stage, lane, row0, o, inv_sum);
+  if constexpr (std::is_same_v<P, float>) {
+    stage_o_f32(stage, lane, row0, o, inv_sum);
+  } else {
+    stage_o<P>(stage, lane, row0, o, inv_sum);
+  }
   warpgroup_barrier(kBarOwnP + wg);
   auto dst_of = [&](uint32_t row) -> char* {
     const uint32_t grow = uint32_t(m_block) * kBlockM + row;
@@ -301,7 +365,8 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
                                    wg * (kHeadDimV / kNumWarpgroups));
   };
-  copy_staged_rows<float, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/1>(stage, tid_wg, dst_of);
+  copy_staged_rows<P, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/std::is_same_v<P, float> ? 1 : 0>(
+      stage, tid_wg, dst_of);
 }
 
 // MLA_ST_STORE_ROLLED: store_rows_st's stores (below) as a rolled loop, one trip per pass of
@@ -334,11 +399,11 @@ __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, cons
     const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
     float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
     if constexpr (kToWs) {
-      const SplitWorkspace ws = split_workspace(a);
+      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
       const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
-      float4* dst = reinterpret_cast<float4*>(ws.o + ws_row * kHeadDimV + d0);
-      dst[0] = make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum);
-      dst[1] = make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum);
+      store_partial8(ws.o + ws_row * kHeadDimV + d0,
+                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
+                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
       if (d0 == 0) ws.lse[ws_row] = lse;
     } else {
       Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
@@ -399,11 +464,11 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
       }
     }
     if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-      const SplitWorkspace ws = split_workspace(a);
+      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
       const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
-      float4* dst = reinterpret_cast<float4*>(ws.o + ws_row * kHeadDimV + d0);
-      dst[0] = make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum);
-      dst[1] = make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum);
+      store_partial8(ws.o + ws_row * kHeadDimV + d0,
+                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
+                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
       if (d0 == 0) ws.lse[ws_row] = lse;
     } else {
       Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
@@ -542,13 +607,14 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   } else {
     // Split kernels keep the direct stores, for workspace pieces (fp32) and for out: staged, the
     // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12), unless
-    // MLA_EPI_SPLIT_STAGED stages the pieces (uniform launches: the ring is idle past kBarEnd).
+    // MLA_EPI_SPLIT_STAGED or MLA_PARTIAL_16 stages the pieces (uniform launches: the ring is idle
+    // past kBarEnd).
     if constexpr (kStagedPieces) {
       static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float),
                     "a stage holds a warpgroup's fp32 block of O");
       if (piece_row >= 0) {
-        store_piece_staged<NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block, wg, tid_wg, row0,
-                                      tOrO, inv_sum, lse);
+        store_piece_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block,
+                                                           wg, tid_wg, row0, tOrO, inv_sum, lse);
       } else {  // a split variant run with one split writes out directly
         store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
       }
@@ -853,7 +919,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kStagedPieces=*/MLA_EPI_SPLIT_STAGED != 0 && SPLIT>(p, s, w, piece_row, score_scale, v_scale,
+            /*kStagedPieces=*/(MLA_EPI_SPLIT_STAGED != 0 || MLA_PARTIAL_16 != 0) && SPLIT>(p, s, w, piece_row,
+                                                                                        score_scale, v_scale,
                                                                  /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt

@@ -118,6 +118,18 @@ __device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The two 16-bit values of a pack2 word, widened (exactly) to fp32.
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack2<cutlass::bfloat16_t>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
 template <class Frag>
 __device__ __forceinline__ void fence_fragment(Frag& frag) {
   CUTE_UNROLL
