@@ -135,7 +135,9 @@ _SWITCH_BUILDS = {
     "st-shared-plain": ("-DMLA_ST_SHARED=1", ["mla_decode_h8_p16_bf16_split"]),
     # 16-bit partial outputs: staged 16-bit pieces, the scheduled kernel's direct 16-bit stores, the
     # transposed path's 16-byte stores (fp8: bf16 pieces), every combine reading 16-bit words.
-    "partial-16": ("-DMLA_PARTIAL_16=1", ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
+    "partial-16": ("-DMLA_PARTIAL_16=1 -DMLA_ST_STORE_ROLLED=2",
+                   ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split",
+                    "mla_decode_h64_p64_fp16_split"]),
 }
 
 

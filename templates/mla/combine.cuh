@@ -19,10 +19,10 @@ constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of
 constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
 constexpr int kCombineWideMinSplits = 32; // uniform splits from this many: 4 CTAs per row (below)
-constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (a float4 per lane)
+constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (4 per lane: a float4, or a uint2 of 16-bit)
 constexpr int kCombineWideGroups = kHeadDimV / kCombineWideCols;  // 4 CTAs per row
 constexpr int kCombineWideWarps = 8;      // warps per CTA, each summing every 8th split
-static_assert(kCombineWideCols == 32 * 4, "the wide combine: a float4 per lane");
+static_assert(kCombineWideCols == 32 * 4, "the wide combine: 4 columns per lane");
 static_assert(kCombineWideMinSplits >= kCombineWideWarps, "the wide combine reads split `warp` for padding");
 
 // Block-wide max or sum of one float per thread (all threads get the result).
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  constexpr int kChunks = kHeadDimV / 128;  // float4 column groups per lane
+  constexpr int kChunks = kHeadDimV / 128;  // 4-column groups per lane
   float l[S];
   PartialWords4<Partial<Out>> o[S][kChunks];
   CUTE_UNROLL

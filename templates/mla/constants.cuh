@@ -92,12 +92,15 @@ static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STOR
 
 // MLA_PARTIAL_16 (default 0 while it is A/B-tested): split calls keep their partial outputs in the
 // workspace in the output's 16-bit type instead of fp32 (kernel.cuh Partial), as FlashInfer keeps its
-// split-KV partial states in the output type. A partial is normalised (a convex combination of V
-// rows, times k_scale for fp8), so it lies in the output's range; the rounding adds at most half an
-// ulp before the combine's fp32 weighted sum (lse stays fp32). It halves the bytes a split call's CTAs
-// store at their end (128 KiB of fp32 per 64-row CTA) and the combine reads. The 64-row path's uniform
-// launches stage the 16-bit pieces (whole rows, full 32-byte sectors): v3.11's version stored them
-// straight from the accumulators, half sectors, and measured slower (docs/perf-notes.md v3.11, v3.14).
+// split-KV partial states in the output type. A partial is normalised (a convex combination of V rows,
+// times k_scale for fp8, up to P's 16-bit rounding), so it stays in the output's range except within
+// one ulp of the type's largest value (an fp16 cache holding +-65504); the rounding adds at most half
+// an ulp of the partial before the combine's fp32 weighted sum (lse stays fp32). It halves the bytes a
+// split call's CTAs store at their end (128 KiB of fp32 per 64-row CTA) and the combine reads. The
+// 64-row path's uniform launches stage the 16-bit pieces (whole rows, full 32-byte sectors), so an A/B
+// of this switch measures 16-bit and staged together (MLA_EPI_SPLIT_STAGED alone is the staged fp32
+// side): v3.11's version stored them straight from the accumulators, half sectors, and measured
+// slower (docs/perf-notes.md v3.11, v3.14).
 #ifndef MLA_PARTIAL_16
 #define MLA_PARTIAL_16 0
 #endif

@@ -115,7 +115,7 @@ int launch(const MlaDecodeArgs* args) {
   if (combine) {
     const int64_t need = workspace_pieces(a) * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
     // 16-byte aligned: the decode kernel stores float2 or float4 (transposed path, MLA_EPI_SPLIT_STAGED)
-    // and the combine loads float4 partial outputs.
+    // and the combine loads float4 partial outputs (uint2 with MLA_PARTIAL_16).
     if (a.workspace == nullptr || a.workspace_bytes < need || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
       return int(cudaErrorInvalidValue);
     }
