@@ -369,6 +369,31 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
       stage, tid_wg, dst_of);
 }
 
+// One query row's share of a thread on the transposed path (8 values from d0 on, lo and hi, times
+// inv_sum): to the workspace row of (split, b, qi, h) with its lse (kToWs), else to out and lse.
+template <class Out, bool kToWs>
+__device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int split, int qi, int h, int d0, float4 lo,
+                                             float4 hi, float inv_sum, float lse) {
+  if constexpr (kToWs) {
+    const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+    const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+    store_partial8(ws.o + ws_row * kHeadDimV + d0,
+                   make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
+                   make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
+    if (d0 == 0) ws.lse[ws_row] = lse;
+  } else {
+    Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+               int64_t(h) * a.out_stride_head + d0;
+    reinterpret_cast<uint2*>(dst)[0] =
+        make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
+    reinterpret_cast<uint2*>(dst)[1] =
+        make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
+    if (d0 == 0) {
+      a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
+    }
+  }
+}
+
 // MLA_ST_STORE_ROLLED: store_rows_st's stores (below) as a rolled loop, one trip per pass of
 // kRowsPerPass rows, the destination chosen once: kToWs writes the fp32 workspace row, else out and
 // lse. With MLA_ST_STORE_ROLLED 2 each row's v_scale / l and lse come from s.row_out (merge_st or
@@ -398,24 +423,7 @@ __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, cons
     }
     const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
     float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
-    if constexpr (kToWs) {
-      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
-      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
-      store_partial8(ws.o + ws_row * kHeadDimV + d0,
-                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
-                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) ws.lse[ws_row] = lse;
-    } else {
-      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
-                 int64_t(h) * a.out_stride_head + d0;
-      reinterpret_cast<uint2*>(dst)[0] =
-          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
-      reinterpret_cast<uint2*>(dst)[1] =
-          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) {
-        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
-      }
-    }
+    store_st_row<Out, kToWs>(a, b, split, qi, h, int(d0), lo, hi, inv_sum, lse);
   }
 }
 
@@ -464,22 +472,9 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
       }
     }
     if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
-      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
-      store_partial8(ws.o + ws_row * kHeadDimV + d0,
-                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
-                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) ws.lse[ws_row] = lse;
+      store_st_row<Out, true>(a, b, split, qi, h, d0, lo, hi, inv_sum, lse);
     } else {
-      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
-                 int64_t(h) * a.out_stride_head + d0;
-      reinterpret_cast<uint2*>(dst)[0] =
-          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
-      reinterpret_cast<uint2*>(dst)[1] =
-          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) {
-        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
-      }
+      store_st_row<Out, false>(a, b, split, qi, h, d0, lo, hi, inv_sum, lse);
     }
   }
 }
