@@ -190,7 +190,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
           const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
           *reinterpret_cast<float2*>(dst + 8 * j) = v;
         } else {  // MLA_PARTIAL_16 (the scheduled kernel; uniform launches stage them)
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
         }
       }
       if (wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
