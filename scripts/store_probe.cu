@@ -11,6 +11,9 @@
 //   acc_16     : the same layout in 16-bit: 8 rows x 16 bytes per instruction (4 bytes a lane), 64 KiB
 //   rows_16    : 64 KiB as whole rows, 512 bytes per instruction (a 16-byte store a lane)
 //   st_f32     : store_rows_st's pieces: 16 rows of 2 KiB, two float4 per lane and row: 32 KiB
+//   bulk_f32   : 128 KiB staged in shared memory (written before the clock starts), stored by bulk
+//                async copies (cp.async.bulk.global.shared::cta), one 1 KiB row per thread of 128,
+//                timed to their issue and cp.async.bulk.wait_group.read (FlashMLA's split epilogue)
 // For CTAs = 1, 16 and 132 it prints, per pattern, the median CTA's time from its first store to its
 // last issued store (thread 0's %globaltimer around the stores and a __syncthreads), and the kernel's
 // time with cudaEvents (which includes draining the stores), each the median of 20 launches.
@@ -39,15 +42,20 @@ __device__ __forceinline__ uint64_t now_ns() {
   return t;
 }
 
-enum Pattern { kAccF32, kRowsF32, kAcc16, kRows16, kStF32, kPatterns };
-const char* kNames[kPatterns] = {"acc_f32", "rows_f32", "acc_16", "rows_16", "st_f32"};
-const int kBytes[kPatterns] = {128 << 10, 128 << 10, 64 << 10, 64 << 10, 32 << 10};
+enum Pattern { kAccF32, kRowsF32, kAcc16, kRows16, kStF32, kBulkF32, kPatterns };
+const char* kNames[kPatterns] = {"acc_f32", "rows_f32", "acc_16", "rows_16", "st_f32", "bulk_f32"};
+const int kBytes[kPatterns] = {128 << 10, 128 << 10, 64 << 10, 64 << 10, 32 << 10, 128 << 10};
 
 template <int P>
 __global__ void __launch_bounds__(kThreads, 1) store_kernel(char* out, uint64_t* stamps, float seed) {
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, warp = (tid % 128) / 32;
   char* base = out + int64_t(blockIdx.x) * kRegion;
   const float v = seed + tid;  // values the compiler cannot fold
+  extern __shared__ __align__(128) char smem[];
+  if constexpr (P == kBulkF32) {  // the staged block, written before the clock starts
+    for (int i = tid; i < (128 << 10) / 16; i += kThreads) reinterpret_cast<float4*>(smem)[i] = make_float4(v, v, v, i);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> the bulk copies' reads
+  }
   __syncthreads();
   const uint64_t t0 = now_ns();
   if constexpr (P == kAccF32 || P == kAcc16) {
@@ -73,6 +81,14 @@ __global__ void __launch_bounds__(kThreads, 1) store_kernel(char* out, uint64_t*
 #pragma unroll
     for (int i = 0; i < kRounds; ++i) {
       *reinterpret_cast<float4*>(base + i * kThreads * 16 + tid * 16) = make_float4(v + i, v - i, v, -v);
+    }
+  } else if constexpr (P == kBulkF32) {
+    if (tid < 128) {  // row tid: 1 KiB from smem to its own global row
+      const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(smem + tid * 1024));
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 1024;\n" ::"l"(base + tid * 1024), "r"(src)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     }
   } else {  // kStF32: 16 rows of 512 fp32, 64 threads a row (8 values each), 4 rows per pass
     const int d0 = (tid % 64) * 8;
@@ -135,7 +151,8 @@ int main() {
         case kRowsF32: run<kRowsF32>(out, stamps, ctas, &issue, &kern); break;
         case kAcc16: run<kAcc16>(out, stamps, ctas, &issue, &kern); break;
         case kRows16: run<kRows16>(out, stamps, ctas, &issue, &kern); break;
-        default: run<kStF32>(out, stamps, ctas, &issue, &kern); break;
+        case kStF32: run<kStF32>(out, stamps, ctas, &issue, &kern); break;
+        default: run<kBulkF32>(out, stamps, ctas, &issue, &kern); break;
       }
       std::printf("%-9s %9d %5d %9.2f %10.2f\n", kNames[p], kBytes[p], ctas, issue, kern);
     }

@@ -128,6 +128,8 @@ _SWITCH_BUILDS = {
                   ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split",
                    "mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h16_p1_bf16_split",
                    "mla_decode_h16_p64_fp8_e4m3_split"]),
+    # The 64-row split pieces stored by bulk async copies from padded staged rows.
+    "split-bulk": ("-DMLA_EPI_SPLIT_STAGED=2", ["mla_decode_h64_p16_bf16_split"]),
     # The shared-tile transposed consumer, 16- and 8-row blocks, with the rolled stores reading the
     # row statistics from finish_st_shared, and alone (the stores compute them from warpgroup 0's).
     "st-shared": ("-DMLA_ST_SHARED=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2",

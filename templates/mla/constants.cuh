@@ -108,7 +108,8 @@ static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STOR
 // MLA_EPI_SPLIT_STAGED (default 0 while it is A/B-tested): the 64-row path's split kernels store their
 // fp32 workspace pieces through shared memory too (kernel.cuh store_piece_staged: 512 contiguous bytes
 // per warp instruction instead of 8 rows x 32 bytes), in uniform launches; the scheduled kernel keeps
-// the direct stores (its producer may already fill the ring for the next segment).
+// the direct stores (its producer may already fill the ring for the next segment). 2: staged with
+// padded rows and stored by bulk async copies, one per row (FlashMLA's split epilogue).
 #ifndef MLA_EPI_SPLIT_STAGED
 #define MLA_EPI_SPLIT_STAGED 0
 #endif

@@ -335,6 +335,35 @@ __device__ __forceinline__ void stage_o_f32(char* stage, int lane, int row0, Fra
     }
   }
 }
+// MLA_EPI_SPLIT_STAGED 2: the block staged with rows padded to kBulkRowStride floats instead (each
+// row contiguous, as a bulk copy reads it; the float2 stores still take the minimum two wavefronts:
+// row x of 8 starts 16 x bytes into the bank cycle), then one bulk async copy per row
+// (cp.async.bulk.global.shared::cta, FlashMLA's split epilogue): the copy engine, not the threads'
+// stores, moves the 64 KiB.
+constexpr int kBulkRowStride = kHeadDimV / kNumWarpgroups + 4;  // floats
+template <class FragO>
+__device__ __forceinline__ void stage_o_f32_rows(float* stage, int lane, int row0, FragO const& o,
+                                                 const float (&inv_sum)[2]) {
+  float* base = stage + row0 * kBulkRowStride + 2 * (lane % 4);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    CUTE_UNROLL
+    for (int j = 0; j < size(o) / 4; ++j) {
+      *reinterpret_cast<float2*>(base + r * 8 * kBulkRowStride + 8 * j) =
+          make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+    }
+  }
+}
+__device__ __forceinline__ void bulk_store_shared_to_global(void* gdst, const void* ssrc, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gdst), "r"(smem_u32(ssrc)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_and_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the stage may go once it is read
+}
+
 // With MLA_PARTIAL_16 the same for 16-bit pieces, staged as stage_o stages `out` (whole 512-byte rows
 // per warp store: full 32-byte sectors, where 16-bit stores straight from the accumulators would write
 // half sectors).
@@ -353,7 +382,23 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
     ws.lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
   }
-  if constexpr (std::is_same_v<P, float>) {
+  if constexpr (std::is_same_v<P, float> && MLA_EPI_SPLIT_STAGED == 2) {
+    stage_o_f32_rows(reinterpret_cast<float*>(stage), lane, row0, o, inv_sum);
+    fence_proxy_async_shared();  // these generic-proxy writes -> the bulk copies' async-proxy reads
+    warpgroup_barrier(kBarOwnP + wg);
+    if (tid_wg < kBlockM) {  // thread r copies row r of the warpgroup's block
+      const uint32_t grow = uint32_t(m_block) * kBlockM + uint32_t(tid_wg);
+      const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+      if (qi < a.q_len && h < a.num_heads) {
+        bulk_store_shared_to_global(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
+                                        wg * (kHeadDimV / kNumWarpgroups),
+                                    reinterpret_cast<const float*>(stage) + tid_wg * kBulkRowStride,
+                                    uint32_t(kHeadDimV / kNumWarpgroups * sizeof(float)));
+      }
+      bulk_commit_and_wait_read();
+    }
+    return;
+  } else if constexpr (std::is_same_v<P, float>) {
     stage_o_f32(stage, lane, row0, o, inv_sum);
   } else {
     stage_o<P>(stage, lane, row0, o, inv_sum);
@@ -606,8 +651,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     // MLA_EPI_SPLIT_STAGED or MLA_PARTIAL_16 stages the pieces (uniform launches: the ring is idle
     // past kBarEnd).
     if constexpr (kStagedPieces) {
-      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(float),
-                    "a stage holds a warpgroup's fp32 block of O");
+      static_assert(sizeof(s.kv[0]) >= kBlockM * kBulkRowStride * sizeof(float),
+                    "a stage holds a warpgroup's fp32 block of O, also with padded rows");
       if (piece_row >= 0) {
         store_piece_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block,
                                                            wg, tid_wg, row0, tOrO, inv_sum, lse);
