@@ -113,6 +113,7 @@ static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STOR
 #ifndef MLA_EPI_SPLIT_STAGED
 #define MLA_EPI_SPLIT_STAGED 0
 #endif
+static_assert(MLA_EPI_SPLIT_STAGED >= 0 && MLA_EPI_SPLIT_STAGED <= 2, "MLA_EPI_SPLIT_STAGED is 0, 1 or 2");
 
 namespace mla {
 

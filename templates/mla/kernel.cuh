@@ -336,11 +336,13 @@ __device__ __forceinline__ void stage_o_f32(char* stage, int lane, int row0, Fra
   }
 }
 // MLA_EPI_SPLIT_STAGED 2: the block staged with rows padded to kBulkRowStride floats instead (each
-// row contiguous, as a bulk copy reads it; the float2 stores still take the minimum two wavefronts:
-// row x of 8 starts 16 x bytes into the bank cycle), then one bulk async copy per row
-// (cp.async.bulk.global.shared::cta, FlashMLA's split epilogue): the copy engine, not the threads'
-// stores, moves the 64 KiB.
-constexpr int kBulkRowStride = kHeadDimV / kNumWarpgroups + 4;  // floats
+// row contiguous, as a bulk copy reads it; 66 KiB of the stage). Rows of 1056 bytes start 32 x bytes
+// into the 128-byte bank cycle (row x of 8), so each half-warp's float2 stores (4 rows x 32 bytes)
+// cover all 32 banks once: two wavefronts per warp store, the minimum (rows padded by 4 floats took
+// four when 8-byte accesses are served per half-warp). Then one bulk async copy per row
+// (cp.async.bulk.global.shared::cta, FlashMLA's split epilogue: "row stride 520"): the copy engine,
+// not the threads' stores, moves the 64 KiB.
+constexpr int kBulkRowStride = kHeadDimV / kNumWarpgroups + 8;  // floats
 template <class FragO>
 __device__ __forceinline__ void stage_o_f32_rows(float* stage, int lane, int row0, FragO const& o,
                                                  const float (&inv_sum)[2]) {
@@ -386,13 +388,16 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     stage_o_f32_rows(reinterpret_cast<float*>(stage), lane, row0, o, inv_sum);
     fence_proxy_async_shared();  // these generic-proxy writes -> the bulk copies' async-proxy reads
     warpgroup_barrier(kBarOwnP + wg);
-    if (tid_wg < kBlockM) {  // thread r copies row r of the warpgroup's block
-      const uint32_t grow = uint32_t(m_block) * kBlockM + uint32_t(tid_wg);
+    // Lanes 0-15 of each of the four warps issue 16 rows' copies: a copy takes uniform operands, so a
+    // warp issues its lanes' copies one after another, and four warps issue on four sub-partitions.
+    const int row = (tid_wg / 32) * 16 + lane;
+    if (lane < 16) {
+      const uint32_t grow = uint32_t(m_block) * kBlockM + uint32_t(row);
       const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
       if (qi < a.q_len && h < a.num_heads) {
         bulk_store_shared_to_global(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
                                         wg * (kHeadDimV / kNumWarpgroups),
-                                    reinterpret_cast<const float*>(stage) + tid_wg * kBulkRowStride,
+                                    reinterpret_cast<const float*>(stage) + row * kBulkRowStride,
                                     uint32_t(kHeadDimV / kNumWarpgroups * sizeof(float)));
       }
       bulk_commit_and_wait_read();
