@@ -522,10 +522,26 @@ __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Stora
         hi = t;
       }
     }
+    // The same stores as store_st_row's, kept inline here: moved into it, the fp8 kernel's registers
+    // came out assigned differently (same instructions), and this default path stays v3.13's SASS
+    // until the MLA_ST_STORE_ROLLED A/B replaces it.
     if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-      store_st_row<Out, true>(a, b, split, qi, h, d0, lo, hi, inv_sum, lse);
+      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+      store_partial8(ws.o + ws_row * kHeadDimV + d0,
+                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
+                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
+      if (d0 == 0) ws.lse[ws_row] = lse;
     } else {
-      store_st_row<Out, false>(a, b, split, qi, h, d0, lo, hi, inv_sum, lse);
+      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+                 int64_t(h) * a.out_stride_head + d0;
+      reinterpret_cast<uint2*>(dst)[0] =
+          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
+      reinterpret_cast<uint2*>(dst)[1] =
+          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
+      if (d0 == 0) {
+        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
+      }
     }
   }
 }
