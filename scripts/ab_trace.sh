@@ -11,7 +11,9 @@
 # Environment: CUDAFLAGS_B (required), BENCH_ARGS (ab_bench.sh's; default the page-1/64 anchors of the
 # built variants, checked), TRACE_ARGS (trace.py's case filters), PYTEST_B (ab_bench.sh's: pytest
 # arguments, run against every B; give tests as node ids, since the shell splits the variable at
-# spaces and a quoted -k expression does not survive), SKIP_TRACE=1, OUT. Output: the log of all steps
+# spaces and a quoted -k expression does not survive), TIMELINE_ARGS (if set: benchmarks/timeline.py's
+# case filters, run on every side's trace build, so decode and combine kernel times show apart; needs
+# the traces, not SKIP_TRACE), SKIP_TRACE=1, OUT. Output: the log of all steps
 # ($OUT/ab_trace.log) and $OUT/ab_trace.tgz with ab_A.json, ab_B<i>.json, ab_pytest_B<i>.log and
 # trace_{A,B<i>}{,_hot}.json (one archive: the device returns at most 8 files from $OUT).
 set -uo pipefail
@@ -46,6 +48,13 @@ log=$main_out/ab_trace.log
       CUDAFLAGS="-DMLA_TRACE=1 ${side_flags[$k]}" python3 -m codegen build -j 16 "$@" \
           --build-dir "/tmp/abt_build_$side" --generated-dir "/tmp/abt_gen_$side" 2>&1 | tail -1
     done
+    if [ -n "${TIMELINE_ARGS:-}" ]; then  # on the trace builds: a few stamps per CTA, nothing else
+      for side in "${sides[@]}"; do
+        echo "== timeline $side"
+        MLA_VARIANTS_GENERATED="/tmp/abt_gen_$side" python3 benchmarks/timeline.py \
+            --anchors "$root/shared/anchors-h200.json" $TIMELINE_ARGS 2>&1 | grep -v "Warning\|_warn_once"
+      done
+    fi
     for mode in cold hot; do
       extra=; suffix=; [ "$mode" = hot ] && { extra=--hot; suffix=_hot; }
       for side in "${sides[@]}"; do
