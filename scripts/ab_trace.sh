@@ -48,7 +48,7 @@ log=$main_out/ab_trace.log
       CUDAFLAGS="-DMLA_TRACE=1 ${side_flags[$k]}" python3 -m codegen build -j 16 "$@" \
           --build-dir "/tmp/abt_build_$side" --generated-dir "/tmp/abt_gen_$side" 2>&1 | tail -1
     done
-    if [ -n "${TIMELINE_ARGS:-}" ]; then  # on the trace builds: a few stamps per CTA, nothing else
+    if [ -n "${TIMELINE_ARGS:-}" ]; then  # trace builds, but timeline.py never allocates the buffer: no stamps
       for side in "${sides[@]}"; do
         echo "== timeline $side"
         MLA_VARIANTS_GENERATED="/tmp/abt_gen_$side" python3 benchmarks/timeline.py \
