@@ -384,6 +384,13 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
     ws.lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
   }
+  auto dst_of = [&](uint32_t row) -> char* {  // row `row` of the warpgroup's block, or null (padding)
+    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
+    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
+    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
+    return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
+                                   wg * (kHeadDimV / kNumWarpgroups));
+  };
   if constexpr (std::is_same_v<P, float> && MLA_EPI_SPLIT_STAGED == 2) {
     stage_o_f32_rows(reinterpret_cast<float*>(stage), lane, row0, o, inv_sum);
     fence_proxy_async_shared();  // these generic-proxy writes -> the bulk copies' async-proxy reads
@@ -392,12 +399,8 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     // warp issues its lanes' copies one after another, and four warps issue on four sub-partitions.
     const int row = (tid_wg / 32) * 16 + lane;
     if (lane < 16) {
-      const uint32_t grow = uint32_t(m_block) * kBlockM + uint32_t(row);
-      const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
-      if (qi < a.q_len && h < a.num_heads) {
-        bulk_store_shared_to_global(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
-                                        wg * (kHeadDimV / kNumWarpgroups),
-                                    reinterpret_cast<const float*>(stage) + row * kBulkRowStride,
+      if (char* dst = dst_of(uint32_t(row))) {
+        bulk_store_shared_to_global(dst, reinterpret_cast<const float*>(stage) + row * kBulkRowStride,
                                     uint32_t(kHeadDimV / kNumWarpgroups * sizeof(float)));
       }
       bulk_commit_and_wait_read();
@@ -409,13 +412,6 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     stage_o<P>(stage, lane, row0, o, inv_sum);
   }
   warpgroup_barrier(kBarOwnP + wg);
-  auto dst_of = [&](uint32_t row) -> char* {
-    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
-    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
-    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
-    return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
-                                   wg * (kHeadDimV / kNumWarpgroups));
-  };
   copy_staged_rows<P, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/std::is_same_v<P, float> ? 1 : 0>(
       stage, tid_wg, dst_of);
 }
