@@ -5,7 +5,7 @@
 # per phase. CUDAFLAGS_B may list several configurations separated by ';' (B1, B2, ...): A is built
 # and benchmarked once, each B against it.
 #
-#   CUDAFLAGS_B="-DMLA_ST_STORE_ROLLED=1;-DMLA_ST_STORE_ROLLED=2" scripts/ab_trace.sh --filter 'h16_p1_bf16*'
+#   CUDAFLAGS_B="-DMLA_PARTIAL_16=0;-DMLA_Q_FIRST=0" scripts/ab_trace.sh --filter 'h16_p1_bf16*'
 #                                                 # on the device, carry [".whl", "shared"]
 #
 # Environment: CUDAFLAGS_B (required), BENCH_ARGS (ab_bench.sh's; default the page-1/64 anchors of the

@@ -120,26 +120,19 @@ def test_cudaflags_are_part_of_the_configure_stamp(monkeypatch, tmp_path):
 
 
 _SWITCH_BUILDS = {
-    # Every kernel path: the 64-row path with TMA pages and with page-1 gathers (whose 40-register
-    # producer and the 208-register fp8 math warpgroups spilled in a first trace build), the 64-row fp8
-    # path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three warpgroups spilled
-    # 4 bytes when merge_st also computed the row statistics there).
-    "all-paths": ("-DMLA_Q_FIRST=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2 -DMLA_EPI_SPLIT_STAGED=1",
+    # Every kernel path with the phase trace: the 64-row path with TMA pages and with page-1 gathers
+    # (whose 40-register producer and the 208-register fp8 math warpgroups spilled in a first trace
+    # build), the 64-row fp8 path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three
+    # warpgroups spilled 4 bytes when merge_st also computed the row statistics there).
+    "all-paths": ("-DMLA_Q_FIRST=1 -DMLA_TRACE=1",
                   ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split",
                    "mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h16_p1_bf16_split",
                    "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # The 64-row split pieces stored by bulk async copies from padded staged rows.
-    "split-bulk": ("-DMLA_EPI_SPLIT_STAGED=2", ["mla_decode_h64_p16_bf16_split"]),
-    # The shared-tile transposed consumer, 16- and 8-row blocks, with the rolled stores reading the
-    # row statistics from finish_st_shared, and alone (the stores compute them from warpgroup 0's).
-    "st-shared": ("-DMLA_ST_SHARED=1 -DMLA_TRACE=1 -DMLA_ST_STORE_ROLLED=2",
-                  ["mla_decode_h16_p1_bf16_split", "mla_decode_h8_p64_fp16_nosplit"]),
-    "st-shared-plain": ("-DMLA_ST_SHARED=1", ["mla_decode_h8_p16_bf16_split"]),
-    # 16-bit partial outputs: staged 16-bit pieces, the scheduled kernel's direct 16-bit stores, the
-    # transposed path's 16-byte stores (fp8: bf16 pieces), every combine reading 16-bit words.
-    "partial-16": ("-DMLA_PARTIAL_16=1 -DMLA_ST_STORE_ROLLED=2",
-                   ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split",
-                    "mla_decode_h64_p64_fp16_split"]),
+    # fp32 partial outputs (MLA_PARTIAL_16=0): the 64-row pieces stored from the accumulators, the
+    # transposed path's float4 stores (fp8 too), every combine reading fp32.
+    "fp32-partials": ("-DMLA_PARTIAL_16=0",
+                      ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split",
+                       "mla_decode_h64_p64_fp16_split"]),
 }
 
 
@@ -147,11 +140,8 @@ _SWITCH_BUILDS = {
 @pytest.mark.parametrize("build", sorted(_SWITCH_BUILDS))
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
-    MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_ST_STORE_ROLLED 2: the transposed
-    path's rolled epilogue stores; MLA_EPI_SPLIT_STAGED: the 64-row split kernels' staged workspace
-    pieces; MLA_ST_SHARED: both math warpgroups on every tile of the transposed path; MLA_PARTIAL_16:
-    16-bit partial outputs; the last four prepared for an A/B) must keep compiling together, without
-    spills (_SWITCH_BUILDS)."""
+    MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16, on by default since
+    v3.15, off here: fp32 partial outputs) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

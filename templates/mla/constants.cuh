@@ -70,50 +70,20 @@
 #define MLA_Q_FIRST 1
 #endif
 
-// MLA_ST_STORE_ROLLED (default 0 while it is A/B-tested): the transposed path's epilogue stores
-// (kernel.cuh store_rows_st) run as a rolled loop over the CTA's rows, with the workspace-or-out choice
-// made once outside it, instead of four unrolled passes that each carry both store paths (~900
-// instructions executed once per CTA; the v3.14 trace measured that phase at 2.1 us of an 8 us CTA).
-// 2: the same loop, and merge_st's idle warpgroup 0 (finish_st_shared's warpgroup 0 under MLA_ST_SHARED)
-// computes each row's v_scale / l and lse beforehand.
-#ifndef MLA_ST_STORE_ROLLED
-#define MLA_ST_STORE_ROLLED 0
-#endif
-static_assert(MLA_ST_STORE_ROLLED >= 0 && MLA_ST_STORE_ROLLED <= 2, "MLA_ST_STORE_ROLLED is 0, 1 or 2");
-
-// MLA_ST_SHARED (default 0 while it is A/B-tested): on the transposed 16-bit path both math warpgroups
-// work on every tile (each its own S^T, the same softmax, and P V for its half of the 512 latent rows)
-// instead of each taking every other tile whole (consumer_st.cuh consume_st_shared). No O^T merge is
-// left, and neither warpgroup waits for the other's last tile: the v3.14 trace's lag and merge, 1.4 us
-// of an 8 us CTA at 16 x 1 x 1024. It costs one S^T per warpgroup per tile.
-#ifndef MLA_ST_SHARED
-#define MLA_ST_SHARED 0
-#endif
-
-// MLA_PARTIAL_16 (default 0 while it is A/B-tested): split calls keep their partial outputs in the
+// MLA_PARTIAL_16 (default 1; 0 for fp32 partials): split calls keep their partial outputs in the
 // workspace in the output's 16-bit type instead of fp32 (kernel.cuh Partial), as FlashInfer keeps its
 // split-KV partial states in the output type. A partial is normalised (a convex combination of V rows,
 // times k_scale for fp8, up to P's 16-bit rounding), so it stays in the output's range except within
 // one ulp of the type's largest value (an fp16 cache holding +-65504); the rounding adds at most half
 // an ulp of the partial before the combine's fp32 weighted sum (lse stays fp32). It halves the bytes a
 // split call's CTAs store at their end (128 KiB of fp32 per 64-row CTA) and the combine reads. The
-// 64-row path's uniform launches stage the 16-bit pieces (whole rows, full 32-byte sectors), so an A/B
-// of this switch measures 16-bit and staged together (MLA_EPI_SPLIT_STAGED alone is the staged fp32
-// side): v3.11's version stored them straight from the accumulators, half sectors, and measured
-// slower (docs/perf-notes.md v3.11, v3.14).
+// 64-row path's uniform launches stage the 16-bit pieces (whole rows, full 32-byte sectors). Measured
+// (docs/perf-notes.md v3.15) over 38 anchors at 64/128 heads: 0.985 cold, 0.947 in a CUDA graph, up to
+// 0.91 at batch 8-32 x 1024; batch 1 x 1024-4096 up to 1.8 us slower cold. v3.11's version stored the
+// pieces straight from the accumulators (half sectors) and measured slower.
 #ifndef MLA_PARTIAL_16
-#define MLA_PARTIAL_16 0
+#define MLA_PARTIAL_16 1
 #endif
-
-// MLA_EPI_SPLIT_STAGED (default 0 while it is A/B-tested): the 64-row path's split kernels store their
-// fp32 workspace pieces through shared memory too (kernel.cuh store_piece_staged: 512 contiguous bytes
-// per warp instruction instead of 8 rows x 32 bytes), in uniform launches; the scheduled kernel keeps
-// the direct stores (its producer may already fill the ring for the next segment). 2: staged with
-// padded rows and stored by bulk async copies, one per row (FlashMLA's split epilogue).
-#ifndef MLA_EPI_SPLIT_STAGED
-#define MLA_EPI_SPLIT_STAGED 0
-#endif
-static_assert(MLA_EPI_SPLIT_STAGED >= 0 && MLA_EPI_SPLIT_STAGED <= 2, "MLA_EPI_SPLIT_STAGED is 0, 1 or 2");
 
 namespace mla {
 

@@ -30,9 +30,6 @@
 // (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). A thread therefore holds kRows / 4 distinct columns (4 at
 // kRows 16), indexed here by c = (i >> 2) * 2 + (i & 1); O^T's fragment (MMA, 8 atoms along M, 1)
 // uses the same column mapping for its MMA index, so one alpha per c rescales both.
-//
-// MLA_ST_SHARED changes the ownership above: both warpgroups take every tile (consume_st_shared below),
-// each stage's slots are read by all eight math warps, and finish_st_shared replaces the merge.
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
@@ -50,10 +47,8 @@ using namespace cute;
 // the fp8 register path's producer barrier, producer.cuh kBarProducer).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only
-// (MLA_ST_SHARED: by all eight math warps, kStSharedEmptyCount).
+// Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
-constexpr int kStSharedEmptyCount = 8;
 
 // Column index c (0 .. kRows / 4 - 1) and query row n of accumulator element i.
 __device__ __forceinline__ constexpr int st_col_index(int i) { return (i >> 2) * 2 + (i & 1); }
@@ -210,111 +205,28 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
   }
 }
 
-// MLA_ST_SHARED (constants.cuh): both math warpgroups of the 16-bit path on every tile.
-//
-// Tile t lives in stage t % 2, as for the producer always. Each warpgroup computes the tile's whole S^T
-// (the same values in both), runs the same online softmax on it (so m_run and the row sums agree
-// bit for bit), and then O^T[256 wg .. 256 wg + 255] += V^T[that half] P^T with its own P^T copy.
-// A stage's slots are released by all eight math warps: the RoPE slot and the other warpgroup's four
-// latent slots once S^T is done, the warpgroup's own four once its P V is done. So the two warpgroups
-// finish a split together, hold disjoint halves of O^T (no merge), and the tensor work per tile is
-// two S^T (n = kRows, cheap) plus one P V split in two.
-template <class Storage>
-constexpr bool kStShared =
-    MLA_ST_SHARED != 0 && Storage::kRowsPerCta <= 16 && !Storage::kRegWiden && Storage::kMathWgs == 2;
-// The warpgroups whose row statistics make up a row's max and sum (all of them, or warpgroup 0 alone
-// when they all saw every key).
-template <class Storage>
-constexpr int kStatWgs = kStShared<Storage> ? 1 : Storage::kMathWgs;
-// Latent rows of O^T a warpgroup holds.
-template <class Storage>
-constexpr int kStORows = kStShared<Storage> ? kHeadDimV / kNumWarpgroups : kHeadDimV;
-
-template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
-__device__ __forceinline__ void consume_st_shared(Storage& s, const StContext<kRows>& c, FragO& tOrO,
-                                                  float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
-  using Element = typename Storage::Element;
-  using L = KernelLayouts<Element>;
-  using LS = StLayouts<Element, kRows>;
-  constexpr int kHalf = kHeadDimV / kNumWarpgroups;  // 256 latent rows per warpgroup
-  constexpr int kHalfSlots = kHalf / kSubTileCols;   // in 4 latent slots
-  typename LS::TiledMmaS mma_s;
-  typename LS::TiledMmaO mma_o;
-  mma_o.accumulate_ = GMMA::ScaleOut::One;  // O^T starts cleared and only ever accumulates
-  auto thr_s = mma_s.get_thread_slice(c.tid_wg);
-  auto thr_o = mma_o.get_thread_slice(c.tid_wg);
-  const int wg = c.wg;
-  Element* pt = s.pt[wg];
-  Tensor tSrQ = thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.q), typename LS::SmemLayoutQ{}));
-  Tensor tOrP = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pt), typename LS::SmemLayoutPt{}));
-  const int tok0 = 16 * c.warp + c.lane / 4;  // this thread's token rows: tok0 and tok0 + 8
-
-  // One tile in stage kStage (a compile-time constant, so both stages' operand descriptors are fixed).
-  auto tile = [&](auto stage_c, int t, int parity) {
-    constexpr int kStage = decltype(stage_c)::value;
-    uint64_t* full = &s.kv_full[kStage * kSubTiles];
-    uint64_t* empty = &s.kv_empty[kStage * kSubTiles];
-    Tensor tSrK = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(s.kv[kStage]), typename L::SmemLayoutKV{}));
-    Tensor sVt = make_tensor(make_smem_ptr(s.kv[kStage]), typename L::SmemLayoutVt{});
-    Tensor tOrV = thr_o.partition_fragment_A(local_tile(sVt, Shape<Int<kHalf>, Int<kBlockN>>{}, make_coord(wg, 0)));
-    // ---- S^T, each 64-column k-slice issued as soon as its slot has landed.
-    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
-    issue_s(mma_s, tSrK, tSrQ, tSrS, full, parity);  // consumer.cuh; A = the KV tile, B = Q here
-    warpgroup_wait<0>();
-    fence_fragment(tSrS);
-    release(empty + kSubTiles - 1, 1, c.lane);                  // the RoPE slot: read by S^T only
-    release(empty + (1 - wg) * kHalfSlots, kHalfSlots, c.lane);  // the other half: P V is the other's
-
-    st_softmax_to_pt</*kPermuteTokens=*/false>(s, c, t, tok0, tSrS, tOrO, m_run, l_run, pt);
-    fence_proxy_async_shared();  // P^T stores -> wgmma reads
-    warpgroup_barrier(kBarStWg + wg);
-
-    // ---- O^T[this half] += V^T[this half] P^T over the 64 tokens (4 k-steps), 4 atoms of 64 rows.
-    issue_pv(mma_o, tOrV, tOrP, tOrO);  // consumer.cuh; A = V^T, B = P^T here
-    warpgroup_wait<0>();
-    fence_fragment(tOrO);
-    release(empty + wg * kHalfSlots, kHalfSlots, c.lane);  // this half of the latent slots is done
-  };
-
-  wait_barrier(&s.q_full, 0);
-  for (int i = 0; 2 * i < c.num_tiles; ++i) {
-    const int parity = i & 1;  // use i of each stage
-    tile(cute::Int<0>{}, 2 * i, parity);
-    if (2 * i + 1 < c.num_tiles) tile(cute::Int<1>{}, 2 * i + 1, parity);
-  }
-}
-
-// The end of a split under MLA_ST_SHARED: warpgroup 0's row sums and maxima stand for the row (both
-// warpgroups saw every key with the same max), and each warpgroup writes its half of O^T into s.o_x
-// (unnormalised, on that max) as merge_st leaves it. Called by all math threads, also when the split
-// has no tile.
-template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
-__device__ __forceinline__ void finish_st_shared(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
-                                                 const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
-                                                 float v_scale, bool bad_len);
-
 // Whether merge_st writes O^T as float4 (the register path's row order: a thread's 16 values per query
 // row are latent values 16 g' .. 16 g' + 15, g' = 8 warp + lane / 4). Float4 q of such a group is
 // stored at position q ^ (g' & 1): a quarter warp (two g', four query rows 2 apart, stride 516 floats)
 // then covers 8 distinct 16-byte bank groups; store_rows_st swaps the halves back.
 template <class Storage>
 constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
-// Whether merge_st leaves each row's output scale and lse in s.row_out (MLA_ST_STORE_ROLLED 2; not on
-// the fp8 register path, whose three warpgroups have no registers to spare for it there).
+// Whether merge_st leaves each row's output scale and lse in s.row_out for store_rows_st (not on the
+// fp8 register path, whose three warpgroups have no registers to spare for it there: it spilled).
 template <class Storage>
-constexpr bool kRowOutInMerge = MLA_ST_STORE_ROLLED == 2 && !Storage::kRegWiden;
+constexpr bool kRowOutInMerge = !Storage::kRegWiden;
 
-// Final max and row sum of query row n once merge_st (or finish_st_shared) has published the
+// Final max and row sum of query row n once merge_st has published the
 // statistics: m (-inf for a row that saw no key) and l.
 template <class Storage>
 __device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, float& l) {
   m = s.wg_max[0][n];
   CUTE_UNROLL
-  for (int w = 1; w < kStatWgs<Storage>; ++w) m = fmaxf(m, s.wg_max[w][n]);
+  for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
   const float m_sub = m == -INFINITY ? 0.f : m;
   l = 0.f;
   CUTE_UNROLL
-  for (int w = 0; w < kStatWgs<Storage>; ++w) {
+  for (int w = 0; w < Storage::kMathWgs; ++w) {
     const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
     l += lw * exp2f(s.wg_max[w][n] - m_sub);
   }
@@ -432,31 +344,6 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     // Warpgroup 0 is idle while the last warpgroup adds its O^T: it writes each row's scale and lse.
     if (wg == 0 && c.tid_wg < kRows) {
       st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
-    }
-  }
-  math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
-}
-
-template <class Storage, class FragO, int kRows>
-__device__ __forceinline__ void finish_st_shared(Storage& s, const StContext<kRows>& c, const FragO& tOrO,
-                                                 const float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
-                                                 float v_scale, bool bad_len) {
-  const int wg = c.wg;
-  if (wg == 0) st_publish_stats(s, c, m_run, l_run, 0);
-  // Element (MMA e, atom m) of this warpgroup's O^T is latent row d = 256 wg + 64 m + 16 warp +
-  // lane / 4 + 8 ((e >> 1) & 1), query row n = st_col(e).
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOrO); ++m) {
-    CUTE_UNROLL
-    for (int e = 0; e < size<0>(tOrO); ++e) {
-      const int d = (kHeadDimV / kNumWarpgroups) * wg + 64 * m + 16 * c.warp + c.lane / 4 + 8 * ((e >> 1) & 1);
-      s.o_x[st_col(e, c.lane) * kOxStride + d] = tOrO(e, m, 0);
-    }
-  }
-  if constexpr (kRowOutInMerge<Storage>) {
-    if (wg == 0) {  // its row statistics are complete once its four warps have written them
-      warpgroup_barrier(kBarStWg);
-      if (c.tid_wg < kRows) st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
     }
   }
   math_barrier<128 * Storage::kMathWgs>(kBarStMerge);

@@ -218,8 +218,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
 // 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
 // from the accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12).
-// Split kernels keep store_rows (staged, their batch-1 to batch-8 calls measured 1-4 us slower), unless
-// MLA_EPI_SPLIT_STAGED stages their fp32 workspace pieces (store_piece_staged below).
+// Split kernels stage their 16-bit workspace pieces the same way (store_piece_staged below; with fp32
+// partials, MLA_PARTIAL_16=0, they keep store_rows: staged fp32 pieces measured 2-4% slower, v3.15).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
   static_assert(sizeof(T) == 2, "16-bit output types");
@@ -246,13 +246,12 @@ __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO c
 // rolled loop (4 rows' chunks in flight per trip): the epilogue runs once per CTA, so its code comes
 // from DRAM on a cold call (the L2 flushed or thrashed between layers), and fully unrolled copies
 // made the kernel ~69 KB larger and split calls ~12 us slower (docs/perf-notes.md v3.12).
-// T: the staged values' type (16-bit out, or fp32 workspace pieces: MLA_EPI_SPLIT_STAGED); chunk c
-// of row r sits at chunk c ^ ((r % 8) << kSwzShift) (stage_o: shift 0; stage_o_f32: shift 1).
-template <class T, bool kAligned16, class DstOf, int kSwzShift = 0>
+// T: the staged values' 16-bit type; chunk c of row r sits at chunk c ^ (r % 8), as stage_o puts it.
+template <class T, bool kAligned16, class DstOf>
 __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, DstOf&& dst_of) {
   constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(T);
-  constexpr uint32_t kChunks = kRowBytes / 16;  // 32 (16-bit) or 64 (fp32): a warp's 16-byte chunks lie in one row
-  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 (2) rows per trip of the warpgroup
+  constexpr uint32_t kChunks = kRowBytes / 16;  // 32: a warp's 16-byte chunks lie in one row
+  constexpr uint32_t kRowStep = 128 / kChunks;  // 4 rows per trip of the warpgroup
   constexpr uint32_t kBatch = 4;
   static_assert(kChunks % 32 == 0 && kBlockM % (kRowStep * kBatch) == 0, "a warp's 32 chunks lie in one row");
   const uint32_t c = uint32_t(tid_wg) % kChunks;
@@ -262,7 +261,7 @@ __device__ __forceinline__ void copy_staged_rows(const char* stage, int tid_wg, 
     CUTE_UNROLL
     for (uint32_t k = 0; k < kBatch; ++k) {
       const uint32_t row = row0 + k * kRowStep;
-      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ ((row % 8) << kSwzShift)) * 16));
+      v[k] = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((c ^ (row % 8)) * 16));
     }
     CUTE_UNROLL
     for (int k = 0; k < kBatch; ++k) {
@@ -310,70 +309,15 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   }
 }
 
-// MLA_EPI_SPLIT_STAGED: a workspace piece's rows through shared memory as well (uniform launches;
-// piece_row >= 0). Warpgroup wg stages its normalised 64 x 256 fp32 block in ring stage wg (64 KiB of
-// the stage's 72): row-major, 16-byte chunk c of row r at chunk c ^ ((r % 8) << 1), so each warp's
-// float2 stores (8 rows x 32 bytes, straight from the accumulator layout) take the minimum two
-// wavefronts. Then each warp stores 512 contiguous bytes per instruction, against 8 rows x 32 bytes
-// per instruction from the accumulators (store_rows: the v3.14 trace's 2.9 us store phase at 128 x 1
-// x 1024, 5 us at 128 x 8).
-template <class FragO>
-__device__ __forceinline__ void stage_o_f32(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
-  constexpr uint32_t kRowBytes = kHeadDimV / kNumWarpgroups * sizeof(float);  // 1 KiB
-  // Value (row, 8 j + 2 q + e) is float e of the thread's float2 at byte 32 j + 8 q of the row, i.e.
-  // chunk 2 j + (q >> 1), at 8 (q & 1) inside it; the chunk moves to (2 j + (q >> 1)) ^ 2 x with
-  // x = row % 8 (the same for both of the thread's rows), i.e. to 2 (j ^ x) + (q >> 1).
-  const uint32_t x = (uint32_t(lane) >> 2) & 7u;
-  const uint32_t q = uint32_t(lane) & 3u;
-  char* base = stage + uint32_t(row0) * kRowBytes + (q >> 1) * 16 + (q & 1) * 8;
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    CUTE_UNROLL
-    for (int j = 0; j < size(o) / 4; ++j) {
-      char* dst = base + r * 8 * kRowBytes + ((uint32_t(j) ^ x) * 32);
-      *reinterpret_cast<float2*>(dst) = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
-    }
-  }
-}
-// MLA_EPI_SPLIT_STAGED 2: the block staged with rows padded to kBulkRowStride floats instead (each
-// row contiguous, as a bulk copy reads it; 66 KiB of the stage). Rows of 1056 bytes start 32 x bytes
-// into the 128-byte bank cycle (row x of 8), so each half-warp's float2 stores (4 rows x 32 bytes)
-// cover all 32 banks once: two wavefronts per warp store, the minimum (rows padded by 4 floats took
-// four when 8-byte accesses are served per half-warp). Then one bulk async copy per row
-// (cp.async.bulk.global.shared::cta, FlashMLA's split epilogue: "row stride 520"): the copy engine,
-// not the threads' stores, moves the 64 KiB.
-constexpr int kBulkRowStride = kHeadDimV / kNumWarpgroups + 8;  // floats
-template <class FragO>
-__device__ __forceinline__ void stage_o_f32_rows(float* stage, int lane, int row0, FragO const& o,
-                                                 const float (&inv_sum)[2]) {
-  float* base = stage + row0 * kBulkRowStride + 2 * (lane % 4);
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    CUTE_UNROLL
-    for (int j = 0; j < size(o) / 4; ++j) {
-      *reinterpret_cast<float2*>(base + r * 8 * kBulkRowStride + 8 * j) =
-          make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
-    }
-  }
-}
-__device__ __forceinline__ void bulk_store_shared_to_global(void* gdst, const void* ssrc, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gdst), "r"(smem_u32(ssrc)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit_and_wait_read() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the stage may go once it is read
-}
-
-// With MLA_PARTIAL_16 the same for 16-bit pieces, staged as stage_o stages `out` (whole 512-byte rows
-// per warp store: full 32-byte sectors, where 16-bit stores straight from the accumulators would write
-// half sectors).
+// The same for a split kernel's 16-bit workspace pieces (MLA_PARTIAL_16; uniform launches, piece_row
+// >= 0), staged as stage_o stages `out`: whole 512-byte rows per warp store, full 32-byte sectors, where
+// 16-bit stores straight from the accumulators would write half sectors.
 template <class Out, int NUM_HEADS, class FragO>
 __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* stage, int64_t piece_row, int m_block,
                                                    int wg, int tid_wg, int row0, FragO const& o,
                                                    const float (&inv_sum)[2], const float (&lse)[2]) {
   using P = Partial<Out>;
+  static_assert(sizeof(P) == 2, "staged pieces are 16-bit partials (MLA_PARTIAL_16)");
   const MlaDecodeArgs& a = p.a;
   const int lane = tid_wg % 32;
   const SplitWorkspace<Out> ws = split_workspace<Out>(a);
@@ -391,29 +335,9 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
     return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
                                    wg * (kHeadDimV / kNumWarpgroups));
   };
-  if constexpr (std::is_same_v<P, float> && MLA_EPI_SPLIT_STAGED == 2) {
-    stage_o_f32_rows(reinterpret_cast<float*>(stage), lane, row0, o, inv_sum);
-    fence_proxy_async_shared();  // these generic-proxy writes -> the bulk copies' async-proxy reads
-    warpgroup_barrier(kBarOwnP + wg);
-    // Lanes 0-15 of each of the four warps issue 16 rows' copies: a copy takes uniform operands, so a
-    // warp issues its lanes' copies one after another, and four warps issue on four sub-partitions.
-    const int row = (tid_wg / 32) * 16 + lane;
-    if (lane < 16) {
-      if (char* dst = dst_of(uint32_t(row))) {
-        bulk_store_shared_to_global(dst, reinterpret_cast<const float*>(stage) + row * kBulkRowStride,
-                                    uint32_t(kHeadDimV / kNumWarpgroups * sizeof(float)));
-      }
-      bulk_commit_and_wait_read();
-    }
-    return;
-  } else if constexpr (std::is_same_v<P, float>) {
-    stage_o_f32(stage, lane, row0, o, inv_sum);
-  } else {
-    stage_o<P>(stage, lane, row0, o, inv_sum);
-  }
+  stage_o<P>(stage, lane, row0, o, inv_sum);
   warpgroup_barrier(kBarOwnP + wg);
-  copy_staged_rows<P, /*kAligned16=*/true, decltype(dst_of)&, /*kSwzShift=*/std::is_same_v<P, float> ? 1 : 0>(
-      stage, tid_wg, dst_of);
+  copy_staged_rows<P, /*kAligned16=*/true>(stage, tid_wg, dst_of);
 }
 
 // One query row's share of a thread on the transposed path (8 values from d0 on, lo and hi, times
@@ -441,14 +365,19 @@ __device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int 
   }
 }
 
-// MLA_ST_STORE_ROLLED: store_rows_st's stores (below) as a rolled loop, one trip per pass of
-// kRowsPerPass rows, the destination chosen once: kToWs writes the fp32 workspace row, else out and
-// lse. With MLA_ST_STORE_ROLLED 2 each row's v_scale / l and lse come from s.row_out (merge_st or
-// finish_st_shared wrote them), so a trip waits for two shared-memory loads instead of the row
-// statistics' chain of loads and MUFU ops.
+// Epilogue of the transposed path: after merge_st, s.o_x holds each query row's O (unnormalised, on
+// the merged max). All math threads store the real rows, 64 threads per row, 8 consecutive values each
+// (coalesced; out rows are only 8-byte aligned, hence 8-byte stores), to out/lse or to the workspace
+// row store_rows uses. Same conventions as store_rows: a row that saw no key gets out 0 and lse -inf,
+// a request with a bad seq_len NaN. A rolled loop, one trip per kRowsPerPass rows, with the destination
+// chosen once outside it: the epilogue's code runs once per CTA and comes from DRAM on a cold call,
+// and the four unrolled passes that each carried both store paths measured 0.6-1.7 us slower per call
+// (docs/perf-notes.md v3.14, v3.15). Each row's v_scale / l and lse come from s.row_out, where
+// merge_st's idle warpgroup 0 put them (kRowOutInMerge), or on the fp8 register path from the row
+// statistics (st_row_out).
 template <class Out, int NUM_HEADS, bool kToWs, class Storage>
-__device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, const Storage& s, int b, int split,
-                                                     int m_block, int tid, float v_scale, bool bad_len) {
+__device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, const Storage& s, int b, int split,
+                                                 int m_block, int tid, float v_scale, bool bad_len) {
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kValsPerThread = 8;
   constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;              // 64
@@ -473,72 +402,13 @@ __device__ __forceinline__ void store_rows_st_rolled(const DecodeParams& p, cons
     store_st_row<Out, kToWs>(a, b, split, qi, h, int(d0), lo, hi, inv_sum, lse);
   }
 }
-
-// Epilogue of the transposed path: after merge_st (or finish_st_shared), s.o_x holds each query
-// row's O (unnormalised, on the merged max). All math threads store the real rows, 64 threads per
-// row, 8 consecutive values each (coalesced; out rows are only 8-byte aligned, hence 8-byte stores),
-// to out/lse or to the workspace row store_rows uses. Same conventions as store_rows: a row that saw
-// no key gets out 0 and lse -inf, a request with a bad seq_len NaN.
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
 __device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Storage& s, int b, int split, int m_block,
                                               int tid, float v_scale, bool bad_len) {
-#if MLA_ST_STORE_ROLLED
   if (SPLIT && p.a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-    store_rows_st_rolled<Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    store_rows_st_to<Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
   } else {
-    store_rows_st_rolled<Out, NUM_HEADS, false>(p, s, b, split, m_block, tid, v_scale, bad_len);
-  }
-  return;
-#endif
-  constexpr int kRows = Storage::kRowsPerCta;
-  constexpr int kValsPerThread = 8;
-  constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;        // 64
-  constexpr int kRowsPerPass = 128 * Storage::kMathWgs / kThreadsPerOutRow;  // 4 (6 with 3 warpgroups)
-  const MlaDecodeArgs& a = p.a;
-  const int d0 = (tid % kThreadsPerOutRow) * kValsPerThread;
-  CUTE_UNROLL
-  for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-    const int n = pass * kRowsPerPass + tid / kThreadsPerOutRow;
-    if (kRows % kRowsPerPass != 0 && n >= kRows) continue;
-    const int grow = m_block * kRows + n;
-    const int qi = grow / NUM_HEADS;
-    const int h = grow % NUM_HEADS;
-    if (qi >= a.q_len || h >= a.num_heads) continue;
-    float m, l;
-    st_row_stats(s, n, m, l);
-    float inv_sum = l > 0.f ? v_scale / l : 0.f;
-    float lse = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
-    if (bad_len) inv_sum = lse = __int_as_float(0x7fc00000);  // NaN
-    float4 lo = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
-    float4 hi = *reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0 + 4]);
-    if constexpr (kMergeV4<Storage>) {
-      if ((d0 >> 4) & 1) {  // merge_st swapped the float4 pairs of odd 16-value groups
-        const float4 t = lo;
-        lo = hi;
-        hi = t;
-      }
-    }
-    // The same stores as store_st_row's, kept inline here: moved into it, the fp8 kernel's registers
-    // came out assigned differently (same instructions), and this default path stays v3.13's SASS
-    // until the MLA_ST_STORE_ROLLED A/B replaces it.
-    if (SPLIT && a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
-      const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
-      store_partial8(ws.o + ws_row * kHeadDimV + d0,
-                     make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
-                     make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) ws.lse[ws_row] = lse;
-    } else {
-      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
-                 int64_t(h) * a.out_stride_head + d0;
-      reinterpret_cast<uint2*>(dst)[0] =
-          make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
-      reinterpret_cast<uint2*>(dst)[1] =
-          make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
-      if (d0 == 0) {
-        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
-      }
-    }
+    store_rows_st_to<Out, NUM_HEADS, false>(p, s, b, split, m_block, tid, v_scale, bad_len);
   }
 }
 
@@ -663,13 +533,12 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
                                                       row0, tOrO, inv_sum, lse);
   } else {
-    // Split kernels keep the direct stores, for workspace pieces (fp32) and for out: staged, the
-    // batch-1 and batch-8 split calls measured 1-4 us slower (docs/perf-notes.md v3.12), unless
-    // MLA_EPI_SPLIT_STAGED or MLA_PARTIAL_16 stages the pieces (uniform launches: the ring is idle
-    // past kBarEnd).
+    // Split kernels store out directly (staged, the batch-1 and batch-8 split calls measured 1-4 us
+    // slower, docs/perf-notes.md v3.12) and stage their 16-bit workspace pieces (kStagedPieces:
+    // MLA_PARTIAL_16, uniform launches, where the ring is idle past kBarEnd); fp32 pieces go direct.
     if constexpr (kStagedPieces) {
-      static_assert(sizeof(s.kv[0]) >= kBlockM * kBulkRowStride * sizeof(float),
-                    "a stage holds a warpgroup's fp32 block of O, also with padded rows");
+      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(Partial<typename Types::Out>),
+                    "a stage holds a warpgroup's block of O");
       if (piece_row >= 0) {
         store_piece_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block,
                                                            wg, tid_wg, row0, tOrO, inv_sum, lse);
@@ -843,10 +712,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i],
                                           Types::kFp8 && !Storage::kRegWiden ? kFp8WidenThreads : kProducerThreads);
       // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning
-      // warpgroup's four warps; consume_st_shared: all eight).
+      // warpgroup's four warps).
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[i],
-                                          kSt ? (kStShared<Storage> ? kStSharedEmptyCount : kStEmptyCount)
-                                              : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
+                                          kSt ? kStEmptyCount : two_stage_empty_count(i / kSubTiles, i % kSubTiles));
       if constexpr (Types::kFp8 && !Storage::kRegWiden) cutlass::arch::ClusterBarrier::init(&s.raw_full[i], kFp8CopyThreads);
     }
     cutlass::arch::fence_barrier_init();
@@ -949,25 +817,19 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       l_run[j] = 0.f;
     }
     __syncwarp();
-    // O^T: all 512 latent rows, or this warpgroup's 256 (MLA_ST_SHARED).
-    Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kStORows<Storage>>, Int<kRows>>{});
+    // O^T: all 512 latent rows.
+    Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
     clear(tOrO);
     if (num_tiles > 0) {
       if constexpr (Storage::kRegWiden) {
         consume_st_regs(s, ctx, tOrO, m_run, l_run);
-      } else if constexpr (kStShared<Storage>) {
-        consume_st_shared(s, ctx, tOrO, m_run, l_run);
       } else {
         consume_st(s, ctx, tOrO, m_run, l_run);
       }
     }
     trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
     trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
-    if constexpr (kStShared<Storage>) {
-      finish_st_shared(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
-    } else {
-      merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
-    }
+    merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceMerged);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);
@@ -977,7 +839,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kStagedPieces=*/(MLA_EPI_SPLIT_STAGED != 0 || MLA_PARTIAL_16 != 0) && SPLIT>(p, s, w, piece_row,
+            /*kStagedPieces=*/MLA_PARTIAL_16 != 0 && SPLIT>(p, s, w, piece_row,
                                                                                         score_scale, v_scale,
                                                                  /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();

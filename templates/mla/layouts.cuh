@@ -124,7 +124,7 @@ struct StLayouts {
 
 // Shared memory of the transposed path, bf16/fp16 (fp8: SharedStorageStFp8 below): Q (kRows x 576,
 // 18 KiB at 16 rows), the same 2 x 9-slot KV ring as SharedStorage (each stage now read by one
-// warpgroup only; by both with MLA_ST_SHARED), a P^T tile per math warpgroup,
+// warpgroup only), a P^T tile per math warpgroup,
 // the per-warp column statistics of each warpgroup (max during the loop, sums at the end), and an
 // fp32 [kRows][512] exchange buffer where the two warpgroups' O^T are merged and transposed back to
 // row-major for coalesced stores. Its row stride is padded by 4 floats so that the scattered
@@ -152,8 +152,8 @@ struct SharedStorageSt {
   float wg_max[kNumWarpgroups][kRows];       // each warpgroup's final running max per column
   uint64_t q_full;
   uint64_t kv_full[kStages * kSubTiles];
-  uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps (MLA_ST_SHARED: 8)
-  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (merge_st, MLA_ST_STORE_ROLLED 2)
+  uint64_t kv_empty[kStages * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
+  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (merge_st)
 };
 
 // Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
