@@ -99,8 +99,8 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 //   at a time, and each thread accumulates its 4 columns over the staged splits with kCombineUnroll
 //   independent 16-byte loads in flight. The first version looped over the splits one dependent
 //   load after another: 13 us of a 39 us call at 64 splits (docs/perf-notes.md, combine v2).
-template <class Out>
-__device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace<Out>& ws, int b, int qi, int h,
+template <class Out, class P>
+__device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace<P>& ws, int b, int qi, int h,
                                             int64_t row, int64_t rows_per_split, int num_splits, float* weight,
                                             float* scratch) {
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -108,21 +108,21 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   float max_lse = -INFINITY;
   bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
   if (num_splits <= kCombineUnroll) {
-    const Partial<Out>* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+    const P* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
     const int64_t split_stride = rows_per_split * kHeadDimV;
     float l[kCombineUnroll];
-    PartialWords4<Partial<Out>> o[kCombineUnroll];
+    PartialWords4<P> o[kCombineUnroll];
     CUTE_UNROLL
     for (int s = 0; s < kCombineUnroll; ++s) {
       l[s] = s < num_splits ? ws.lse[s * rows_per_split + row] : -INFINITY;
       // Read before the weight is known (one round trip). An empty split (lse -inf) is selected away
       // below, never multiplied by 0: its CTA writes zeros today, but the combine does not rely on it.
-      o[s] = s < num_splits ? load_partial4(o_row + s * split_stride) : zero_partial4<Partial<Out>>();
+      o[s] = s < num_splits ? load_partial4(o_row + s * split_stride) : zero_partial4<P>();
     }
     float w[kCombineUnroll];
     split_weights(l, w, sum, max_lse, bad);
     CUTE_UNROLL
-    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], widen_partial4<Partial<Out>>(o[s]));
+    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], widen_partial4<P>(o[s]));
   } else {
     // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
     // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
@@ -137,7 +137,7 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
     // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
     // lse -inf, weighs exactly 0, and its partial output is not read.
     if (max_lse != -INFINITY) {  // uniform over the CTA
-      const Partial<Out>* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
+      const P* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
       const int64_t split_stride = rows_per_split * kHeadDimV;
       for (int first = 0; first < num_splits; first += kCombineThreads) {
         const int n = min(kCombineThreads, num_splits - first);
@@ -147,18 +147,18 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
           sum += w;
         }
         __syncthreads();
-        const Partial<Out>* o_first = o_row + first * split_stride;
+        const P* o_first = o_row + first * split_stride;
         for (int i = 0; i < n; i += kCombineUnroll) {
-          PartialWords4<Partial<Out>> o[kCombineUnroll];
+          PartialWords4<P> o[kCombineUnroll];
           CUTE_UNROLL
           for (int u = 0; u < kCombineUnroll; ++u) {
             const bool live = i + u < n && weight[min(i + u, n - 1)] != 0.f;
-            o[u] = live ? load_partial4(o_first + (i + u) * split_stride) : zero_partial4<Partial<Out>>();
+            o[u] = live ? load_partial4(o_first + (i + u) * split_stride) : zero_partial4<P>();
           }
           CUTE_UNROLL
           for (int u = 0; u < kCombineUnroll; ++u) {
             const float w = i + u < n ? weight[min(i + u, n - 1)] : 0.f;
-            const auto& v = widen_partial4<Partial<Out>>(o[u]);
+            const auto& v = widen_partial4<P>(o[u]);
             acc.x += w * v.x;
             acc.y += w * v.y;
             acc.z += w * v.z;
@@ -180,7 +180,7 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
 // partials, perf-notes v3.7); a warp per row with S compile-time keeps S x 16 float4 loads in flight per
 // lane and several times the rows per SM. Lane j owns columns j * 4 + 128 k (k < 4): every load and
 // store instruction of the warp covers 512 (or 256) contiguous bytes.
-template <class Out, int S>
+template <class Out, class P, int S>
 __global__ void __launch_bounds__(32 * kCombineWarpRows)
     mla_combine_warp_kernel(const __grid_constant__ MlaDecodeArgs a) {
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
@@ -191,18 +191,18 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   const int h = int(out_row % a.num_heads);
   const int qi = int((out_row / a.num_heads) % a.q_len);
   const int b = int(out_row / rows_per_req);
-  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   constexpr int kChunks = kHeadDimV / 128;  // 4-column groups per lane
   float l[S];
-  PartialWords4<Partial<Out>> o[S][kChunks];
+  PartialWords4<P> o[S][kChunks];
   CUTE_UNROLL
   for (int s = 0; s < S; ++s) {
     const int64_t row = s * rows_per_split + out_row;
     l[s] = ws.lse[row];
-    const Partial<Out>* o_row = ws.o + row * kHeadDimV + lane * 4;
+    const P* o_row = ws.o + row * kHeadDimV + lane * 4;
     CUTE_UNROLL
     for (int k = 0; k < kChunks; ++k) o[s][k] = load_partial4(o_row + k * 128);
   }
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   for (int k = 0; k < kChunks; ++k) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     CUTE_UNROLL
-    for (int s = 0; s < S; ++s) accumulate(acc, w[s], widen_partial4<Partial<Out>>(o[s][k]));
+    for (int s = 0; s < S; ++s) accumulate(acc, w[s], widen_partial4<P>(o[s][k]));
     store_combined<Out>(a, b, qi, h, k * 128 + lane * 4, acc, sum, max_lse, bad, lane == 0 && k == 0);
   }
 }
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
 // kCombineWideGroups CTAs of 256 threads. Measured (perf-notes v3.11): 2.5-3.3 us off every batch-1
 // call with 64 splits, 0.7-1.6 us off most with 32; 2-12 us slower with 16 splits at batch 8 (128-512
 // rows, two splits per warp), which keep the CTA-per-row combine, hence the 32-split threshold.
-template <class Out>
+template <class Out, class P>
 __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
     mla_combine_wide_kernel(const __grid_constant__ MlaDecodeArgs a) {
   __shared__ float4 part[kCombineWideWarps][32];
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
-  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   float sum = 0.f;
   for (int first = warp; first < num_splits; first += kCombineWideWarps * kCombineUnroll) {
     float l[kCombineUnroll];
-    PartialWords4<Partial<Out>> o[kCombineUnroll];
+    PartialWords4<P> o[kCombineUnroll];
     CUTE_UNROLL
     for (int u = 0; u < kCombineUnroll; ++u) {
       const int s = first + u * kCombineWideWarps;
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
       const float w = max_lse != -INFINITY ? __expf(l[u] - max_lse) : 0.f;
       sum += w;
       // A split of weight 0 (no key, or past the last) adds exactly 0 whatever its partial holds.
-      const auto& v = widen_partial4<Partial<Out>>(o[u]);
+      const auto& v = widen_partial4<P>(o[u]);
       acc.x += w != 0.f ? w * v.x : 0.f;
       acc.y += w != 0.f ? w * v.y : 0.f;
       acc.z += w != 0.f ? w * v.z : 0.f;
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
 
 // Uniform split into kCombineWarpMaxSplits + 1 .. kCombineWideMinSplits - 1 splits. Grid: one CTA
 // per (request, query token, head) row; piece s of request b is s * batch + b.
-template <class Out>
+template <class Out, class P>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
   __shared__ float weight[kCombineThreads];
   __shared__ float scratch[kCombineWarps];
@@ -330,13 +330,13 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   const int h = int(out_row % a.num_heads);
   const int qi = int((out_row / a.num_heads) % a.q_len);
   const int b = int(out_row / rows_per_req);
-  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
 #if MLA_PDL
   // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
   // completed and its workspace writes are visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  combine_row<Out>(a, ws, b, qi, h, out_row, int64_t(a.batch) * rows_per_req, a.num_kv_splits, weight, scratch);
+  combine_row<Out, P>(a, ws, b, qi, h, out_row, int64_t(a.batch) * rows_per_req, a.num_kv_splits, weight, scratch);
 }
 
 // Balanced schedule. Only the requests with several pieces need a combine (the others were written to
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
 // leave, instead of one CTA per row of the batch (10 us at 128 requests of 64 heads, perf-notes v3.10).
 // A request's pieces are consecutive from its first. Grid: kCombineCtasPerSm per SM, at most one per row
 // of the most requests that can be shared (launch.cuh).
-template <class Out>
+template <class Out, class P>
 __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_scheduled_kernel(const __grid_constant__ MlaDecodeArgs a) {
   __shared__ float weight[kCombineThreads];
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
   int64_t i = blockIdx.x;
   if (i >= rows) return;
-  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
   const ScheduleView sv{a.schedule, a.sched_ctas};
   // The row's request and its pieces; the first row's are read before the wait (the schedule kernel
   // finished before the decode grid started), so only the partial results wait for the decode grid.
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   for (;;) {
-    combine_row<Out>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads), first_row, rows_per_req, pieces,
+    combine_row<Out, P>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads), first_row, rows_per_req, pieces,
                      weight, scratch);
     i += gridDim.x;
     if (i >= rows) break;

@@ -70,22 +70,30 @@
 #define MLA_Q_FIRST 1
 #endif
 
-// MLA_PARTIAL_16 (default 1; 0 for fp32 partials): split calls keep their partial outputs in the
-// workspace in the output's 16-bit type instead of fp32 (kernel.cuh Partial), as FlashInfer keeps its
-// split-KV partial states in the output type. A partial is normalised (a convex combination of V rows,
-// times k_scale for fp8, up to P's 16-bit rounding), so it stays in the output's range except within
-// one ulp of the type's largest value (an fp16 cache holding +-65504); the rounding adds at most half
-// an ulp of the partial before the combine's fp32 weighted sum (lse stays fp32). It halves the bytes a
-// split call's CTAs store at their end (128 KiB of fp32 per 64-row CTA) and the combine reads. The
-// 64-row path's uniform launches stage the 16-bit pieces (whole rows, full 32-byte sectors). Measured
-// (docs/perf-notes.md v3.15) over 38 anchors at 64/128 heads: 0.985 cold, 0.947 in a CUDA graph, up to
-// 0.91 at batch 8-32 x 1024; batch 1 x 1024-4096 up to 1.8 us slower cold. v3.11's version stored the
-// pieces straight from the accumulators (half sectors) and measured slower.
+// MLA_PARTIAL_16: the element type of split calls' partial outputs in the workspace (kernel.cuh
+// Partial). 0: fp32. 2: the output's 16-bit type, as FlashInfer keeps its split-KV partial states.
+// 1 (default): 16-bit for variants of kPartial16MinHeads heads or more, fp32 below. A partial is
+// normalised (a convex combination of V rows, times k_scale for fp8, up to P's 16-bit rounding), so it
+// stays in the output's range except within one ulp of the type's largest value (an fp16 cache holding
+// +-65504); the rounding adds at most half an ulp of the partial before the combine's fp32 weighted sum
+// (lse stays fp32). 16-bit halves the bytes a split call's CTAs store at their end (128 KiB of fp32
+// per 64-row CTA) and the combine reads; the 64-row path's uniform launches stage the 16-bit pieces
+// (whole rows, full 32-byte sectors). Measured (docs/perf-notes.md v3.15), 16-bit against fp32:
+// 64/128 heads 0.985 cold and 0.947 in a CUDA graph over 38 anchors (0.91 at batch 8-32 x 1024, up to
+// 1.8 us slower at batch 1 x 1024-4096); 32 heads 1.065 (up to 1.15 at batch 1-8 x 1024); 16 heads
+// (transposed path) 1.004. v3.11's version stored the pieces straight from the accumulators (half
+// sectors) and measured slower.
 #ifndef MLA_PARTIAL_16
 #define MLA_PARTIAL_16 1
 #endif
+static_assert(MLA_PARTIAL_16 >= 0 && MLA_PARTIAL_16 <= 2, "MLA_PARTIAL_16 is 0, 1 or 2");
 
 namespace mla {
+
+// Whether a variant with NUM_HEADS heads keeps 16-bit partial outputs (MLA_PARTIAL_16 above).
+constexpr int kPartial16MinHeads = 64;
+template <int NUM_HEADS>
+constexpr bool kPartial16 = MLA_PARTIAL_16 == 2 || (MLA_PARTIAL_16 == 1 && NUM_HEADS >= kPartial16MinHeads);
 
 constexpr int kKvLoraRank = 512;      // latent width; V is the first kKvLoraRank values of a row
 constexpr int kRopeDim = 64;          // qk_rope_head_dim

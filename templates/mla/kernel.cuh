@@ -85,15 +85,18 @@ __device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread)
 // Where the split-KV partial results live inside the workspace: one [q_len, num_heads] block of rows
 // per piece. Uniform split: piece split * batch + b; balanced schedule: the pieces schedule.cuh numbers,
 // at most batch + sched_ctas - 1 (the workspace holds batch + sched_ctas).
-// The partial outputs' element type: fp32, or with MLA_PARTIAL_16 the output's 16-bit type (the
-// workspace keeps its fp32 size and layout; the o region is then half used).
-template <class Out>
-using Partial = std::conditional_t<MLA_PARTIAL_16 != 0, Out, float>;
+// The partial outputs' element type of a variant with NUM_HEADS heads: the output's 16-bit type or
+// fp32 (MLA_PARTIAL_16, constants.cuh). The workspace keeps its fp32 size and layout either way (the
+// o region is then half used). The decode kernel and its combine take it from the same template
+// arguments (launch.cuh), so they cannot disagree.
+template <class Out, int NUM_HEADS>
+using Partial = std::conditional_t<kPartial16<NUM_HEADS>, Out, float>;
 
-template <class Out>
+// P: the partial outputs' element type (Partial).
+template <class P>
 struct SplitWorkspace {
-  Partial<Out>* o;  // [pieces, q_len, num_heads, 512], already divided by the row sum
-  float* lse;       // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key
+  P* o;        // [pieces, q_len, num_heads, 512], already divided by the row sum
+  float* lse;  // [pieces, q_len, num_heads], natural log, -inf for a piece that saw no key
 };
 
 // Eight consecutive partial values (a thread's share of a transposed-path row): two float4, or one
@@ -145,10 +148,10 @@ __host__ __device__ __forceinline__ int64_t workspace_pieces(const MlaDecodeArgs
   return a.schedule != nullptr ? int64_t(a.batch) + a.sched_ctas : int64_t(a.num_kv_splits) * a.batch;
 }
 
-template <class Out>
-__host__ __device__ __forceinline__ SplitWorkspace<Out> split_workspace(const MlaDecodeArgs& a) {
+template <class P>
+__host__ __device__ __forceinline__ SplitWorkspace<P> split_workspace(const MlaDecodeArgs& a) {
   const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
-  return SplitWorkspace<Out>{reinterpret_cast<Partial<Out>*>(a.workspace), a.workspace + rows * kHeadDimV};
+  return SplitWorkspace<P>{reinterpret_cast<P*>(a.workspace), a.workspace + rows * kHeadDimV};
 }
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
@@ -181,15 +184,16 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
     const int h = grow % NUM_HEADS;
     if (qi >= a.q_len || h >= a.num_heads) continue;
     if (piece_row >= 0) {
-      const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+      using P = Partial<Out, NUM_HEADS>;
+      const SplitWorkspace<P> ws = split_workspace<P>(a);
       const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
-      Partial<Out>* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
+      P* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
       CUTE_UNROLL
       for (int j = 0; j < size(o) / 4; ++j) {
-        if constexpr (std::is_same_v<Partial<Out>, float>) {
+        if constexpr (std::is_same_v<P, float>) {
           const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
           *reinterpret_cast<float2*>(dst + 8 * j) = v;
-        } else {  // MLA_PARTIAL_16 (the scheduled kernel; uniform launches stage them)
+        } else {  // 16-bit partials (the scheduled kernel; uniform launches stage them)
           *reinterpret_cast<uint32_t*>(dst + 8 * j) =
               pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
         }
@@ -218,8 +222,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
 // 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
 // from the accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12).
-// Split kernels stage their 16-bit workspace pieces the same way (store_piece_staged below; with fp32
-// partials, MLA_PARTIAL_16=0, they keep store_rows: staged fp32 pieces measured 2-4% slower, v3.15).
+// Split kernels with 16-bit partials (kPartial16) stage their workspace pieces the same way
+// (store_piece_staged below); fp32 pieces keep store_rows (staged fp32 pieces measured 2-4% slower, v3.15).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
   static_assert(sizeof(T) == 2, "16-bit output types");
@@ -309,18 +313,18 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   }
 }
 
-// The same for a split kernel's 16-bit workspace pieces (MLA_PARTIAL_16; uniform launches, piece_row
+// The same for a split kernel's 16-bit workspace pieces (kPartial16; uniform launches, piece_row
 // >= 0), staged as stage_o stages `out`: whole 512-byte rows per warp store, full 32-byte sectors, where
 // 16-bit stores straight from the accumulators would write half sectors.
 template <class Out, int NUM_HEADS, class FragO>
 __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* stage, int64_t piece_row, int m_block,
                                                    int wg, int tid_wg, int row0, FragO const& o,
                                                    const float (&inv_sum)[2], const float (&lse)[2]) {
-  using P = Partial<Out>;
-  static_assert(sizeof(P) == 2, "staged pieces are 16-bit partials (MLA_PARTIAL_16)");
+  using P = Partial<Out, NUM_HEADS>;
+  static_assert(sizeof(P) == 2, "staged pieces are 16-bit partials (kPartial16)");
   const MlaDecodeArgs& a = p.a;
   const int lane = tid_wg % 32;
-  const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
     const int grow = m_block * kBlockM + row0 + 8 * r;
@@ -341,12 +345,13 @@ __device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* 
 }
 
 // One query row's share of a thread on the transposed path (8 values from d0 on, lo and hi, times
-// inv_sum): to the workspace row of (split, b, qi, h) with its lse (kToWs), else to out and lse.
-template <class Out, bool kToWs>
+// inv_sum): to the workspace row of (split, b, qi, h) with its lse (kToWs; P the partials' type),
+// else to out and lse.
+template <class Out, class P, bool kToWs>
 __device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int split, int qi, int h, int d0, float4 lo,
                                              float4 hi, float inv_sum, float lse) {
   if constexpr (kToWs) {
-    const SplitWorkspace<Out> ws = split_workspace<Out>(a);
+    const SplitWorkspace<P> ws = split_workspace<P>(a);
     const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
     store_partial8(ws.o + ws_row * kHeadDimV + d0,
                    make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
@@ -399,7 +404,7 @@ __device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, const St
     }
     const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
     float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
-    store_st_row<Out, kToWs>(a, b, split, qi, h, int(d0), lo, hi, inv_sum, lse);
+    store_st_row<Out, Partial<Out, NUM_HEADS>, kToWs>(a, b, split, qi, h, int(d0), lo, hi, inv_sum, lse);
   }
 }
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
@@ -535,9 +540,9 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   } else {
     // Split kernels store out directly (staged, the batch-1 and batch-8 split calls measured 1-4 us
     // slower, docs/perf-notes.md v3.12) and stage their 16-bit workspace pieces (kStagedPieces:
-    // MLA_PARTIAL_16, uniform launches, where the ring is idle past kBarEnd); fp32 pieces go direct.
+    // kPartial16, uniform launches, where the ring is idle past kBarEnd); fp32 pieces go direct.
     if constexpr (kStagedPieces) {
-      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(Partial<typename Types::Out>),
+      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(Partial<typename Types::Out, NUM_HEADS>),
                     "a stage holds a warpgroup's block of O");
       if (piece_row >= 0) {
         store_piece_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block,
@@ -839,7 +844,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kStagedPieces=*/MLA_PARTIAL_16 != 0 && SPLIT>(p, s, w, piece_row,
+            /*kStagedPieces=*/kPartial16<NUM_HEADS> && SPLIT>(p, s, w, piece_row,
                                                                                         score_scale, v_scale,
                                                                  /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();

@@ -171,24 +171,25 @@ int launch(const MlaDecodeArgs* args) {
 
   if (combine_rows > 0) {
     using Out = typename CacheTypes<Cache>::Out;
+    using P = Partial<Out, NUM_HEADS>;  // the decode kernel's partials (kernel.cuh)
     int64_t rows = combine_rows;
     unsigned threads = kCombineThreads;
-    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out> : mla_combine_kernel<Out>;
+    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out, P> : mla_combine_kernel<Out, P>;
     if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
       static_assert(kCombineWarpMaxSplits == 8, "one instantiation per split count below");
       switch (a.num_kv_splits) {
-        case 2: combine_kernel = mla_combine_warp_kernel<Out, 2>; break;
-        case 3: combine_kernel = mla_combine_warp_kernel<Out, 3>; break;
-        case 4: combine_kernel = mla_combine_warp_kernel<Out, 4>; break;
-        case 5: combine_kernel = mla_combine_warp_kernel<Out, 5>; break;
-        case 6: combine_kernel = mla_combine_warp_kernel<Out, 6>; break;
-        case 7: combine_kernel = mla_combine_warp_kernel<Out, 7>; break;
-        default: combine_kernel = mla_combine_warp_kernel<Out, 8>; break;
+        case 2: combine_kernel = mla_combine_warp_kernel<Out, P, 2>; break;
+        case 3: combine_kernel = mla_combine_warp_kernel<Out, P, 3>; break;
+        case 4: combine_kernel = mla_combine_warp_kernel<Out, P, 4>; break;
+        case 5: combine_kernel = mla_combine_warp_kernel<Out, P, 5>; break;
+        case 6: combine_kernel = mla_combine_warp_kernel<Out, P, 6>; break;
+        case 7: combine_kernel = mla_combine_warp_kernel<Out, P, 7>; break;
+        default: combine_kernel = mla_combine_warp_kernel<Out, P, 8>; break;
       }
       rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
       threads = 32 * kCombineWarpRows;
     } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
-      combine_kernel = mla_combine_wide_kernel<Out>;
+      combine_kernel = mla_combine_wide_kernel<Out, P>;
       rows *= kCombineWideGroups;
       threads = 32 * kCombineWideWarps;
     }
