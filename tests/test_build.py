@@ -131,8 +131,14 @@ _SWITCH_BUILDS = {
     # fp32 partial outputs (MLA_PARTIAL_16=0): the 64-row pieces stored from the accumulators, the
     # transposed path's float4 stores (fp8 too), every combine reading fp32.
     "fp32-partials": ("-DMLA_PARTIAL_16=0",
-                      ["mla_decode_h128_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split",
-                       "mla_decode_h64_p64_fp16_split"]),
+                      ["mla_decode_h128_p64_bf16_split", "mla_decode_h64_p64_fp16_split"]),
+    # 16-bit partial outputs below 64 heads too (MLA_PARTIAL_16=2): the staged pieces with padding
+    # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
+    "partial-16-all": ("-DMLA_PARTIAL_16=2",
+                       ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
+    # Q's copies first on both fp8 producers (their own cp.async group), with the trace.
+    "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1 -DMLA_TRACE=1",
+                    ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h8_p1_fp8_e4m3_split"]),
 }
 
 
@@ -140,8 +146,10 @@ _SWITCH_BUILDS = {
 @pytest.mark.parametrize("build", sorted(_SWITCH_BUILDS))
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
-    MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16, on by default since
-    v3.15, off here: fp32 partial outputs) must keep compiling, without spills (_SWITCH_BUILDS)."""
+    MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_Q_FIRST,
+    prepared for an A/B: Q's copies first on the fp8 producers) must keep compiling, without spills
+    (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

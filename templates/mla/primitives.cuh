@@ -18,8 +18,14 @@ using namespace cute;
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// Wait for every cp.async this thread issued (the producer commits no groups).
+// Wait for every cp.async this thread issued.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Close this thread's cp.async issued since its last commit into a group (none issued: an empty group),
+// and wait until at most N of its most recent groups are pending. Only the fp8 producers under
+// MLA_FP8_Q_FIRST commit groups (Q's copies, then tile 0's); every other wait is cp_async_wait_all.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 // 16-byte copy that writes zeros and reads nothing when !valid (src must still be a mapped address).
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
