@@ -33,3 +33,24 @@ def test_store_probe_compiles(tmp_path):
 def test_ring_protocol_simulations_pass(sim, capsys):
     runpy.run_path(str(ROOT / "scripts" / sim), run_name="__main__")
     assert "no hang" in capsys.readouterr().out
+
+
+def test_ncu_stall_ledger_reads_a_source_page():
+    """scripts/ncu_stalls.py on a source page in ncu's shape (a title line, then the header): the
+    instruction with most samples comes first with its main reason, and a file without the columns
+    is refused with a message instead of an empty ledger."""
+    ncu_stalls = runpy.run_path(str(ROOT / "scripts" / "ncu_stalls.py"))
+    page = ('"Kernel Name","mla_decode_kernel"\n'
+            '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_long_sb"\n'
+            '"0x10","LDS.128 R4, [R2]","1,200","100","1,100"\n'
+            '"0x20","BAR.SYNC 0x8, 0x40","800","790","10"\n'
+            '"0x30","IADD3 R1, R1, 0x1, RZ","0","0","0"\n')
+    text = ncu_stalls["ledger"](page, top=5)
+    lines = text.splitlines()
+    assert lines[0].startswith("3 instructions, 2000 samples")
+    assert "0x10" in lines[2] and "60.0%" in lines[2] and lines[2].rstrip().endswith("long_sb 92%, barrier 8%")
+    assert "0x20" in lines[3] and "barrier 99%" in lines[3]
+    assert "half of all samples lie in 1 of 3 instructions" in text
+    assert "long_sb" in text.split("samples by reason:")[1].splitlines()[1]
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        ncu_stalls["ledger"]('"a","b"\n"1","2"\n')
