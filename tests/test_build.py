@@ -128,8 +128,8 @@ _SWITCH_BUILDS = {
                   ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split",
                    "mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h16_p1_bf16_split",
                    "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # fp32 partial outputs (MLA_PARTIAL_16=0): the 64-row pieces stored from the accumulators, the
-    # transposed path's float4 stores (fp8 too), every combine reading fp32.
+    # fp32 partial outputs at 64+ heads too (MLA_PARTIAL_16=0): the 64-row pieces stored from the
+    # accumulators, the combines reading fp32 (the default build has them below 64 heads).
     "fp32-partials": ("-DMLA_PARTIAL_16=0",
                       ["mla_decode_h128_p64_bf16_split", "mla_decode_h64_p64_fp16_split"]),
     # 16-bit partial outputs below 64 heads too (MLA_PARTIAL_16=2): the staged pieces with padding
@@ -140,6 +140,10 @@ _SWITCH_BUILDS = {
     "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1 -DMLA_TRACE=1",
                     ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h8_p1_fp8_e4m3_split"]),
 }
+
+
+# PTX that only a switch's code path emits (MLA_FP8_Q_FIRST: the wait for Q's cp.async group alone).
+_SWITCH_PTX = {"fp8-q-first": b"cp.async.wait_group 1;"}
 
 
 @needs_nvcc
@@ -162,7 +166,10 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     assert set(usage) == set(names)
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
-    lib = ctypes.CDLL(str(tmp_path / "build" / "libmla_variants.so"))
+    lib_path = tmp_path / "build" / "libmla_variants.so"
+    if build in _SWITCH_PTX:  # the switch reached the kernels: its instruction is in their (embedded) PTX
+        assert _SWITCH_PTX[build] in lib_path.read_bytes(), (build, _SWITCH_PTX[build])
+    lib = ctypes.CDLL(str(lib_path))
     if "-DMLA_TRACE=1" in flags:  # a trace build has the buffer's switch
         assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0
 

@@ -72,9 +72,11 @@
 
 // MLA_FP8_Q_FIRST (default 0 while it is A/B-tested): MLA_Q_FIRST for fp8 caches. Their producers
 // copy Q (bf16) into shared memory and round it to fp16 there (producer.cuh load_q_block_fp8,
-// load_q_permuted), after a wait for all their copies, tile 0's raw bytes included, and the copies
-// start only after the seq_lens and block_table loads. With the switch Q's copies are issued at the
-// CTA's start as their own cp.async group, and the rounding waits for that group alone. The v3.15
+// load_q_permuted), after a wait for all their copies, tile 0's raw bytes included, and Q's copies
+// start only after tile 0's, i.e. after the block_table loads. With the switch Q's copies go first
+// (still after the seq_lens load, as the producer starts), as their own cp.async group, and the
+// rounding waits for that group alone. (Issued at the CTA's very start, as MLA_Q_FIRST does, the
+// 64-row fp8 kernel's trace build spilled 14 bytes in the math warpgroups.) The v3.15
 // trace measured Q landed 8.3 us into a 128-head fp8 CTA (bf16: 2.1-3.1) and 3.9-4.9 us into a
 // 16-head one (bf16: 1.3-1.8).
 #ifndef MLA_FP8_Q_FIRST

@@ -689,21 +689,17 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
-  // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels (a
-  // scheduled CTA learns its request from the schedule). MLA_FP8_Q_FIRST: the same for fp8 caches,
-  // whose producers then wait for Q's copies alone (a cp.async group) before they round Q.
+  // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels only
+  // (the fp8 producers round Q after copying it, MLA_FP8_Q_FIRST below; a scheduled CTA learns its
+  // request from the schedule).
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && !Types::kFp8;
+  // MLA_FP8_Q_FIRST: the fp8 producers issue Q's copies before tile 0's and wait for Q's alone.
   constexpr bool kQFirstFp8 = MLA_FP8_Q_FIRST != 0 && Types::kFp8;
-  if constexpr (kQFirst || kQFirstFp8) {
+  if constexpr (kQFirst) {
     if (threadIdx.x < kProducerThreads) {
       int b, m_block, split;
       cta_coords(p, b, m_block, split);
-      if constexpr (kQFirst || !Storage::kRegWiden) {
-        load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
-      } else {
-        issue_q_permuted<NUM_HEADS>(s, a, b, m_block, threadIdx.x);
-      }
-      if constexpr (kQFirstFp8) cp_async_commit();
+      load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
     }
   }
   // MLA_TRACE (trace.cuh): producer thread 0 and the first math thread stamp the CTA's phases.
@@ -713,7 +709,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   CtaWork w0{};
   if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
 
-  if (threadIdx.x == (kQFirst || kQFirstFp8 ? kProducerThreads : 0)) {
+  if (threadIdx.x == (kQFirst ? kProducerThreads : 0)) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) cutlass::arch::ClusterBarrier::init(&s.q_empty, 4 * kNumWarpgroups);
     CUTE_UNROLL
@@ -763,7 +759,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
         produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
       }
       trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
-    } else if constexpr (kQFirst || kQFirstFp8) {
+    } else if constexpr (kQFirst) {
       cp_async_wait_all();  // no tiles (empty split or bad seq_len): Q went unused; do not retire with copies in flight
     }
     return;

@@ -114,8 +114,8 @@ int launch(const MlaDecodeArgs* args) {
   const bool combine = SPLIT && (scheduled || a.num_kv_splits > 1);
   if (combine) {
     const int64_t need = workspace_pieces(a) * a.q_len * a.num_heads * (kHeadDimV + 1) * 4;
-    // 16-byte aligned: the decode kernel stores 16-byte words of partial outputs (float2 and float4
-    // with MLA_PARTIAL_16=0) and the combine loads uint2 (float4) words.
+    // 16-byte aligned: the decode kernel stores partial outputs in words of up to 16 bytes (16-bit:
+    // uint4 and 4-byte words; fp32: float2 and float4) and the combine loads uint2 or float4 words.
     if (a.workspace == nullptr || a.workspace_bytes < need || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
       return int(cudaErrorInvalidValue);
     }

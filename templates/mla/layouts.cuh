@@ -164,7 +164,8 @@ struct SharedStorageSt {
 // (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
 // every producer thread reads its staging bytes before it arrives on q_full, and the math warpgroups
-// write o_x only in merge_st (after q_full, or after the merge barrier for a warpgroup without a tile).
+// write o_x only in merge_st (after q_full, or after the merge barrier for a warpgroup without a tile;
+// a CTA without any tile copies no Q).
 // Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
 // slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with
 // MLA_FP8_RING_SWIZZLE (rows 8 apart share a position).

@@ -215,8 +215,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 // wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
 // never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
-// kQIssued (MLA_FP8_Q_FIRST): the kernel issued this thread's Q copies at its start and committed them
-// as a group, and the caller committed tile 0's copies as the next one: only Q's group is waited for.
+// kQIssued (MLA_FP8_Q_FIRST): the caller issued this thread's Q copies and committed them as a group,
+// then tile 0's copies as the next one: only Q's group is waited for.
 template <int NUM_HEADS, int kRows, bool kQIssued = false>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
@@ -372,16 +372,21 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
 }
 
 // Storage: SharedStorage<float_e4m3_t> (the 64-row path; the transposed path takes produce_fp8_ring).
-// kQIssued: MLA_FP8_Q_FIRST (load_q_block_fp8).
-template <int NUM_HEADS, int PAGE_SIZE, bool kQIssued = false, class Storage>
+// kQFirst (MLA_FP8_Q_FIRST): Q's copies go first, as their own cp.async group, so that neither their
+// issue waits for the block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8).
+template <int NUM_HEADS, int PAGE_SIZE, bool kQFirst = false, class Storage>
 __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  // Tile 0's raw bytes are requested before Q (or, with kQIssued, after Q's copies but before Q is
-  // waited for), so their latency overlaps Q's.
+  if constexpr (kQFirst) {
+    load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+    cp_async_commit();
+  }
+  // Tile 0's raw bytes are requested before Q is waited for (without kQFirst: before Q), so their
+  // latency overlaps Q's.
   if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  if constexpr (kQIssued) cp_async_commit();  // tile 0's group (the widening threads': empty)
-  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta, kQIssued>(s.q, a, b, m_block, ptid);
+  if constexpr (kQFirst) cp_async_commit();  // tile 0's group (the widening threads': empty)
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta, kQFirst>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
@@ -409,7 +414,7 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
 // (st_q_dim) and rounded to fp16 times kFp8QPrescale.
-// The copies alone (the kernel's start under MLA_FP8_Q_FIRST; load_q_permuted<..., false> otherwise).
+// The copies alone (produce_fp8_ring under MLA_FP8_Q_FIRST; load_q_permuted<..., false> otherwise).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRowBytes = kHeadDimK * 2;
@@ -448,16 +453,21 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   }
 }
 
-// kQIssued: MLA_FP8_Q_FIRST (load_q_block_fp8).
-template <int NUM_HEADS, int PAGE_SIZE, bool kQIssued = false, class Storage>
+// kQFirst: MLA_FP8_Q_FIRST (produce_fp8).
+template <int NUM_HEADS, int PAGE_SIZE, bool kQFirst = false, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  // Tile 0's raw bytes are requested before Q, so their latency overlaps Q's. (Issuing tiles 0-3
-  // before Q, with Q as its own cp.async group, measured no faster: perf-notes, seventh session.)
+  if constexpr (kQFirst) {
+    issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+    cp_async_commit();
+  }
+  // Tile 0's raw bytes are requested before Q is waited for (without kQFirst: before Q), so their
+  // latency overlaps Q's. (Issuing tiles 0-3 before Q, with Q as its own cp.async group, measured no
+  // faster: perf-notes, seventh session.)
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  if constexpr (kQIssued) cp_async_commit();  // tile 0's group
-  load_q_permuted<NUM_HEADS, kQIssued>(s, a, b, m_block, ptid);
+  if constexpr (kQFirst) cp_async_commit();  // tile 0's group
+  load_q_permuted<NUM_HEADS, kQFirst>(s, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
