@@ -28,8 +28,8 @@ enum TraceSlot : int {
   kTraceInfo = 6,           // (sm id << 32) | the CTA's tiles
   kTraceSegments = 7,       // scheduled CTA: its segments with tiles (uniform launches: 0)
   kTraceLoopDoneLast = 8,   // first thread of the last math warpgroup: its main loop done (uniform launches;
-                            // where the warpgroups share every tile, the 64-row path,
-                            // both end together and the lag only shows skew)
+                            // on the 64-row path, where the warpgroups share every tile, both end
+                            // together and the lag only shows skew)
   kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform)
 };
 constexpr int kTraceSlots = 16;  // 10 used; room for more without changing the layout again
