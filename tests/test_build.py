@@ -136,14 +136,11 @@ _SWITCH_BUILDS = {
     # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # Q's copies first on both fp8 producers (their own cp.async group), with the trace.
-    "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1 -DMLA_TRACE=1",
-                    ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h8_p1_fp8_e4m3_split"]),
+    # The seesaw order that releases tile a before the softmax of tile b (consumer.cuh
+    # kSeesawSFirstEarlyRelease), for 16-bit and fp8 caches, with the trace.
+    "seesaw-early-release": ("-DMLA_SEESAW_ORDER_16=2 -DMLA_SEESAW_ORDER_FP8=2 -DMLA_TRACE=1",
+                             ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p64_bf16_split"]),
 }
-
-
-# PTX that only a switch's code path emits (MLA_FP8_Q_FIRST: the wait for Q's cp.async group alone).
-_SWITCH_PTX = {"fp8-q-first": b"cp.async.wait_group 1;"}
 
 
 @needs_nvcc
@@ -151,9 +148,9 @@ _SWITCH_PTX = {"fp8-q-first": b"cp.async.wait_group 1;"}
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_Q_FIRST,
-    prepared for an A/B: Q's copies first on the fp8 producers) must keep compiling, without spills
-    (_SWITCH_BUILDS)."""
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_SEESAW_ORDER_16 and
+    MLA_SEESAW_ORDER_FP8 2, prepared for an A/B: the 64-row path's tile a released before the softmax of
+    tile b) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}
@@ -167,8 +164,6 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
     lib_path = tmp_path / "build" / "libmla_variants.so"
-    if build in _SWITCH_PTX:  # the switch reached the kernels: its instruction is in their (embedded) PTX
-        assert _SWITCH_PTX[build] in lib_path.read_bytes(), (build, _SWITCH_PTX[build])
     lib = ctypes.CDLL(str(lib_path))
     if "-DMLA_TRACE=1" in flags:  # a trace build has the buffer's switch
         assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0

@@ -48,10 +48,20 @@
 #define MLA_FP8_ST_WGS 3
 #endif
 
-// MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
-// 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
-#ifndef MLA_FP8_S_FIRST
-#define MLA_FP8_S_FIRST 0
+// The 64-row path's seesaw orders (consumer.cuh consume_two_stage): when warpgroup 1 issues S of its
+// tile b against P V of warpgroup 0's tile a, and when it gives tile a's slots back.
+constexpr int kSeesawPvFirst = 0;             // P V(a), release a, then S(b)
+constexpr int kSeesawSFirst = 1;              // S(b), P V(a); release a after the softmax of b
+constexpr int kSeesawSFirstEarlyRelease = 2;  // S(b), P V(a); release a before the softmax of b
+// MLA_SEESAW_ORDER_16 (default 1) and MLA_SEESAW_ORDER_FP8 (default 0; was MLA_FP8_S_FIRST, whose 1
+// measured 1.012 on the 128-head fp8 anchors in v3.9): the order for 16-bit and fp8 caches. ncu's
+// warp sampling of the 64-row fp8 kernel with order 0 (perf-notes v3.16) found each math warpgroup
+// waiting for the other's softmax a third of its time (named barriers kBarMaxA / kBarMaxPB).
+#ifndef MLA_SEESAW_ORDER_16
+#define MLA_SEESAW_ORDER_16 1
+#endif
+#ifndef MLA_SEESAW_ORDER_FP8
+#define MLA_SEESAW_ORDER_FP8 0
 #endif
 
 // MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of
@@ -68,19 +78,6 @@
 // 1/64, in three A/B runs; batch 1 0.3-0.6 us per call faster.
 #ifndef MLA_Q_FIRST
 #define MLA_Q_FIRST 1
-#endif
-
-// MLA_FP8_Q_FIRST (default 0 while it is A/B-tested): MLA_Q_FIRST for fp8 caches. Their producers
-// copy Q (bf16) into shared memory and round it to fp16 there (producer.cuh load_q_block_fp8,
-// load_q_permuted), after a wait for all their copies, tile 0's raw bytes included, and Q's copies
-// start only after tile 0's, i.e. after the block_table loads. With the switch Q's copies go first
-// (still after the seq_lens load, as the producer starts), as their own cp.async group, and the
-// rounding waits for that group alone. (Issued at the CTA's very start, as MLA_Q_FIRST does, the
-// 64-row fp8 kernel's trace build spilled 14 bytes in the math warpgroups.) The v3.15
-// trace measured Q landed 8.3 us into a 128-head fp8 CTA (bf16: 2.1-3.1) and 3.9-4.9 us into a
-// 16-head one (bf16: 1.3-1.8).
-#ifndef MLA_FP8_Q_FIRST
-#define MLA_FP8_Q_FIRST 0
 #endif
 
 // MLA_PARTIAL_16: the element type of split calls' partial outputs in the workspace (kernel.cuh

@@ -502,7 +502,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   if (w.num_tiles > 0) {
     const MathContext ctx{w.kv_begin, w.num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
+    consume_two_stage<Types::kFp8 ? MLA_SEESAW_ORDER_FP8 : MLA_SEESAW_ORDER_16>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
@@ -690,11 +690,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
   // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels only
-  // (the fp8 producers round Q after copying it, MLA_FP8_Q_FIRST below; a scheduled CTA learns its
-  // request from the schedule).
+  // (the fp8 producers issue Q first themselves, produce_fp8 and produce_fp8_ring, since they round it
+  // after copying it; a scheduled CTA learns its request from the schedule).
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && !Types::kFp8;
-  // MLA_FP8_Q_FIRST: the fp8 producers issue Q's copies before tile 0's and wait for Q's alone.
-  constexpr bool kQFirstFp8 = MLA_FP8_Q_FIRST != 0 && Types::kFp8;
   if constexpr (kQFirst) {
     if (threadIdx.x < kProducerThreads) {
       int b, m_block, split;
@@ -746,9 +744,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     if (num_tiles > 0) {
       trace_at(p, 0).stamp(kTraceProducerStart);
       if constexpr (Storage::kRegWiden) {
-        produce_fp8_ring<NUM_HEADS, PAGE_SIZE, kQFirstFp8>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+        produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
-        produce_fp8<NUM_HEADS, PAGE_SIZE, kQFirstFp8>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+        produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else {
         const void* kv_map = nullptr;
 #if MLA_TMA

@@ -215,21 +215,16 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 // wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
 // never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
-// kQIssued (MLA_FP8_Q_FIRST): the caller issued this thread's Q copies and committed them as a group,
-// then tile 0's copies as the next one: only Q's group is waited for.
-template <int NUM_HEADS, int kRows, bool kQIssued = false>
+// The caller (produce_fp8) issued this thread's Q copies and committed them as a group, then tile 0's
+// copies as the next one: only Q's group is waited for.
+template <int NUM_HEADS, int kRows>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
   // Q's bf16 bytes go by cp.async straight into the fp16 tile (same 2-byte element, same swizzle:
   // all of a thread's copies in flight at once), then each thread rounds the chunks it copied to
   // fp16 (times the prescale) in place. The first version loaded Q through registers, 3 chunks at a
   // time: 12 dependent round trips for 64 rows (docs/perf-notes.md, fp8 v3).
-  if constexpr (kQIssued) {
-    cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
-  } else {
-    load_q_block<cutlass::half_t, NUM_HEADS, kRows>(sq, a, b, m_block, ptid);
-    cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued just before, in flight alike)
-  }
+  cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
@@ -372,21 +367,19 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
 }
 
 // Storage: SharedStorage<float_e4m3_t> (the 64-row path; the transposed path takes produce_fp8_ring).
-// kQFirst (MLA_FP8_Q_FIRST): Q's copies go first, as their own cp.async group, so that neither their
-// issue waits for the block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8).
-template <int NUM_HEADS, int PAGE_SIZE, bool kQFirst = false, class Storage>
+// Q's copies go first, as their own cp.async group, so that neither their issue waits for the
+// block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8): measured 0.951 over 58 fp8
+// anchors against issuing Q after tile 0 and waiting for both (docs/perf-notes.md, v3.16).
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
                                             int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  if constexpr (kQFirst) {
-    load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
-    cp_async_commit();
-  }
-  // Tile 0's raw bytes are requested before Q is waited for (without kQFirst: before Q), so their
-  // latency overlaps Q's.
+  load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  cp_async_commit();
+  // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's.
   if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  if constexpr (kQFirst) cp_async_commit();  // tile 0's group (the widening threads': empty)
-  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta, kQFirst>(s.q, a, b, m_block, ptid);
+  cp_async_commit();  // tile 0's group (the widening threads': empty)
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
@@ -414,7 +407,7 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
 // (st_q_dim) and rounded to fp16 times kFp8QPrescale.
-// The copies alone (produce_fp8_ring under MLA_FP8_Q_FIRST; load_q_permuted<..., false> otherwise).
+// The copies alone (produce_fp8_ring issues them first; load_q_permuted rounds them).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRowBytes = kHeadDimK * 2;
@@ -422,21 +415,13 @@ __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs
   copy_q_rows<NUM_HEADS, Storage::kRowsPerCta>(
       a, b, m_block, ptid, [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
 }
-// kQIssued: as load_q_block_fp8's.
-template <int NUM_HEADS, bool kQIssued = false, class Storage>
+// The caller issued this thread's Q copies (issue_q_permuted) as a cp.async group, then tile 0's.
+template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRows = Storage::kRowsPerCta;
   constexpr int kRowBytes = kHeadDimK * 2;
   char* staging = reinterpret_cast<char*>(s.o_x);
-  if constexpr (kQIssued) {
-    cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
-  } else {
-    // issue_q_permuted's copies, written out here: through the helper the fp8 register path's
-    // registers came out assigned differently (same instructions), and the default keeps its SASS.
-    copy_q_rows<NUM_HEADS, kRows>(a, b, m_block, ptid,
-                                  [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
-    cp_async_wait_all();  // this thread's copies (and tile 0's raw bytes, issued before)
-  }
+  cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
   constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll 1
@@ -453,21 +438,18 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   }
 }
 
-// kQFirst: MLA_FP8_Q_FIRST (produce_fp8).
-template <int NUM_HEADS, int PAGE_SIZE, bool kQFirst = false, class Storage>
+// Q first, as produce_fp8 does.
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  if constexpr (kQFirst) {
-    issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-    cp_async_commit();
-  }
-  // Tile 0's raw bytes are requested before Q is waited for (without kQFirst: before Q), so their
-  // latency overlaps Q's. (Issuing tiles 0-3 before Q, with Q as its own cp.async group, measured no
-  // faster: perf-notes, seventh session.)
+  issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+  cp_async_commit();
+  // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's. (Issuing
+  // tiles 0-3 before Q measured no faster: perf-notes, seventh session.)
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  if constexpr (kQFirst) cp_async_commit();  // tile 0's group
-  load_q_permuted<NUM_HEADS, kQFirst>(s, a, b, m_block, ptid);
+  cp_async_commit();  // tile 0's group
+  load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
