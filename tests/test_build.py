@@ -136,10 +136,6 @@ _SWITCH_BUILDS = {
     # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # The seesaw order that releases tile a before the softmax of tile b (consumer.cuh
-    # kSeesawSFirstEarlyRelease), for 16-bit and fp8 caches, with the trace.
-    "seesaw-early-release": ("-DMLA_SEESAW_ORDER_16=2 -DMLA_SEESAW_ORDER_FP8=2 -DMLA_TRACE=1",
-                             ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p64_bf16_split"]),
 }
 
 
@@ -148,9 +144,8 @@ _SWITCH_BUILDS = {
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_SEESAW_ORDER_16 and
-    MLA_SEESAW_ORDER_FP8 2, prepared for an A/B: the 64-row path's tile a released before the softmax of
-    tile b) must keep compiling, without spills (_SWITCH_BUILDS)."""
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count)) must keep compiling,
+    without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

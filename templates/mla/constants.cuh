@@ -48,20 +48,15 @@
 #define MLA_FP8_ST_WGS 3
 #endif
 
-// The 64-row path's seesaw orders (consumer.cuh consume_two_stage): when warpgroup 1 issues S of its
-// tile b against P V of warpgroup 0's tile a, and when it gives tile a's slots back.
-constexpr int kSeesawPvFirst = 0;             // P V(a), release a, then S(b)
-constexpr int kSeesawSFirst = 1;              // S(b), P V(a); release a after the softmax of b
-constexpr int kSeesawSFirstEarlyRelease = 2;  // S(b), P V(a); release a before the softmax of b
-// MLA_SEESAW_ORDER_16 (default 1) and MLA_SEESAW_ORDER_FP8 (default 0; was MLA_FP8_S_FIRST, whose 1
-// measured 1.012 on the 128-head fp8 anchors in v3.9): the order for 16-bit and fp8 caches. ncu's
-// warp sampling of the 64-row fp8 kernel with order 0 (perf-notes v3.16) found each math warpgroup
-// waiting for the other's softmax a third of its time (named barriers kBarMaxA / kBarMaxPB).
-#ifndef MLA_SEESAW_ORDER_16
-#define MLA_SEESAW_ORDER_16 1
-#endif
-#ifndef MLA_SEESAW_ORDER_FP8
-#define MLA_SEESAW_ORDER_FP8 0
+// MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
+// 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
+// Measured: 1 is 1.012 on the 128-head fp8 anchors (v3.9). ncu's warp sampling of the 64-row fp8
+// kernel (perf-notes v3.16) finds with 0 each math warpgroup waiting a third of its time for the
+// other's softmax, and with S first and tile a still released before the softmax of tile b (tried in
+// v3.16: 1.014, and 1.018 for bf16) the math warps waiting for widened tiles instead: two fp16 stages
+// do not hide a slot's refill (release, copy, widen), so no order helps until the ring is deeper.
+#ifndef MLA_FP8_S_FIRST
+#define MLA_FP8_S_FIRST 0
 #endif
 
 // MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of

@@ -159,23 +159,16 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
   return slot == kSubTiles - 1 ? 8 : (slot / 4 == stage ? 4 : 8);
 }
 
-// kOrder (constants.cuh kSeesaw*; MLA_SEESAW_ORDER_16, MLA_SEESAW_ORDER_FP8) is warpgroup 1's order:
-//   kSeesawPvFirst: P V(a), wait, release tile a, then S(b). Tile a's slots go back early, but S(b)
-//     starts only once warpgroup 0's softmax of tile a is done: the two warpgroups' work is serial.
-//   kSeesawSFirst: S(b) is queued before P V(a), so the tensor cores have work while warpgroup 0 runs
-//     the softmax of tile a; tile a's slots go back only after the softmax of tile b.
-//   kSeesawSFirstEarlyRelease: S(b) first, and warpgroup 1 waits for both S(b) and P V(a) before the
-//     softmax of tile b, so tile a's slots go back as early as with kSeesawPvFirst (the producer
-//     refills tile a + 2 during that softmax) at the cost of not overlapping P V(a) with it.
-// Every order is deadlock-free with the fp8 producer's separate copy and widen warps (a single
-// producer thread group that copied t + 1 before widening t would deadlock with S first).
-template <int kOrder, class Cache, class FragO>
+// kSFirst: warpgroup 1 queues S(b) before P V(a), so the tensor cores have work while warpgroup 0
+// runs the softmax of tile a; tile a's slots are then released only after S(b) has its data.
+// kSFirst = false releases tile a right after P V(a) and issues S(b) after it, which gives the fp8
+// producer's copy and widen warps more slack to refill tile a + 2. Both orders are deadlock-free with
+// the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
+// before widening t would deadlock with kSFirst); which is faster for fp8 is still to be measured
+// (MLA_FP8_S_FIRST).
+template <bool kSFirst, class Cache, class FragO>
 __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
-  static_assert(kOrder == kSeesawPvFirst || kOrder == kSeesawSFirst || kOrder == kSeesawSFirstEarlyRelease,
-                "seesaw order");
-  constexpr bool kSFirst = kOrder != kSeesawPvFirst;
-  constexpr bool kLateRelease = kOrder == kSeesawSFirst;  // tile a released after the softmax of tile b
   using Element = typename CacheTypes<Cache>::Mma;
   using L = KernelLayouts<Element>;
   typename L::TiledMmaS mma_s;
@@ -264,15 +257,10 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         release(empty0 + 4, 4, c.lane);
         release(empty0 + kSubTiles - 1, 1, c.lane);
         if (has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
-      } else if (!kLateRelease) {  // S(b) (if any) and P V(a) are done: tile a goes back now
-        warpgroup_wait<0>();
-        fence_fragment(tOrO);
-        release(empty0 + 4, 4, c.lane);
-        release(empty0 + kSubTiles - 1, 1, c.lane);
       }
       if (has_b) {
         // ---- tile b: softmax, P, O_right += P V. Queue: S(b), then P V(a) with kSFirst.
-        if (kLateRelease) {
+        if (kSFirst) {
           warpgroup_wait<1>();
         } else {
           warpgroup_wait<0>();
@@ -292,7 +280,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[1]), 0);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
-        if (kLateRelease) {
+        if (kSFirst) {
           warpgroup_wait<0>();  // P V(a) is done: release its slots, then O may be rescaled
           fence_fragment(tOrO);
           release(empty0 + 4, 4, c.lane);
@@ -305,7 +293,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         fence_fragment(tOrO);
         release(empty1 + 4, 4, c.lane);
         release(empty1 + kSubTiles - 1, 1, c.lane);
-      } else if (kLateRelease) {
+      } else if (kSFirst) {
         warpgroup_wait<0>();
         fence_fragment(tOrO);
         release(empty0 + 4, 4, c.lane);

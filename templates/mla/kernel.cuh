@@ -502,7 +502,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   if (w.num_tiles > 0) {
     const MathContext ctx{w.kv_begin, w.num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    consume_two_stage<Types::kFp8 ? MLA_SEESAW_ORDER_FP8 : MLA_SEESAW_ORDER_16>(s, ctx, tOrO, m_run, l_run);
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
