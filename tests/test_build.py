@@ -136,7 +136,14 @@ _SWITCH_BUILDS = {
     # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
+    # The 64-row fp8 path's L2 prefetch of the next tile, with S first and the trace (the A/B it is for).
+    "fp8-l2-prefetch": ("-DMLA_FP8_L2_PREFETCH=1 -DMLA_FP8_S_FIRST=1 -DMLA_TRACE=1",
+                        ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
 }
+
+
+# PTX that only a switch's code path emits: the build test fails if the switch never reached a kernel.
+_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 "}
 
 
 @needs_nvcc
@@ -144,8 +151,8 @@ _SWITCH_BUILDS = {
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count)) must keep compiling,
-    without spills (_SWITCH_BUILDS)."""
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH with
+    MLA_FP8_S_FIRST, prepared for an A/B) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}
@@ -159,6 +166,8 @@ def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     for name, rec in usage.items():
         assert rec["spill_store_bytes"] == 0 and rec["stack_bytes"] == 0, (name, rec)
     lib_path = tmp_path / "build" / "libmla_variants.so"
+    if build in _SWITCH_PTX:  # the switch's instruction is in the kernels' (embedded) PTX
+        assert _SWITCH_PTX[build] in lib_path.read_bytes(), (build, _SWITCH_PTX[build])
     lib = ctypes.CDLL(str(lib_path))
     if "-DMLA_TRACE=1" in flags:  # a trace build has the buffer's switch
         assert lib.mla_variants_trace_enable(0) == 0 and lib.mla_variants_trace_enable(1) == 0

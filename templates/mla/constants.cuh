@@ -59,6 +59,16 @@
 #define MLA_FP8_S_FIRST 0
 #endif
 
+// MLA_FP8_L2_PREFETCH (default 0, prepared for an A/B with MLA_FP8_S_FIRST=1): on the 64-row fp8 path
+// the copy warps prefetch tile t + 1's rows into L2 before they wait for tile t's slots, so that the
+// refill of a released slot reads L2 instead of HBM. An earlier prefetch (two tiles ahead, bulk, one
+// row per thread; perf-notes v3.1) measured 1.007 under PV first, where the math warps do not wait for
+// data; v3.16's ledger of an S-first order found them waiting for widened tiles.
+#ifndef MLA_FP8_L2_PREFETCH
+#define MLA_FP8_L2_PREFETCH 0
+#endif
+constexpr bool kFp8L2Prefetch = MLA_FP8_L2_PREFETCH != 0;
+
 // MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of
 // `out` through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged) instead
 // of straight from the accumulators; split kernels (even run with one split) keep the direct stores.
