@@ -136,14 +136,18 @@ _SWITCH_BUILDS = {
     # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # The 64-row fp8 path's L2 prefetch of the next tile, with S first and the trace (the A/B it is for).
+    # The 64-row fp8 path's prepared switches: the L2 prefetch of the next tile with S first and the
+    # trace (the A/B it is for), and S(b) queued behind P V(a) with the prefetch (with the trace too
+    # it spills 46 bytes, so it is A/B'd by benchmark alone).
     "fp8-l2-prefetch": ("-DMLA_FP8_L2_PREFETCH=1 -DMLA_FP8_S_FIRST=1 -DMLA_TRACE=1",
                         ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
+    "fp8-queue-s": ("-DMLA_FP8_QUEUE_S=1 -DMLA_FP8_L2_PREFETCH=1",
+                    ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
 }
 
 
 # PTX that only a switch's code path emits: the build test fails if the switch never reached a kernel.
-_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 "}
+_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 ", "fp8-queue-s": b"prefetch.global.L2 "}
 
 
 @needs_nvcc
@@ -151,8 +155,8 @@ _SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 "}
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH with
-    MLA_FP8_S_FIRST, prepared for an A/B) must keep compiling, without spills (_SWITCH_BUILDS)."""
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH and
+    MLA_FP8_QUEUE_S, prepared for an A/B) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

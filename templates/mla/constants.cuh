@@ -64,6 +64,14 @@
 // refill of a released slot reads L2 instead of HBM. An earlier prefetch (two tiles ahead, bulk, one
 // row per thread; perf-notes v3.1) measured 1.007 under PV first, where the math warps do not wait for
 // data; v3.16's ledger of an S-first order found them waiting for widened tiles.
+// MLA_FP8_QUEUE_S (default 0, prepared for an A/B): with the PV-first order, warpgroup 1 queues S(b)
+// right behind P V(a) and releases tile a once P V(a) alone is done (consumer.cuh consume_two_stage).
+// The ledger's serial chain S(a), softmax(a), P V(a), S(b), softmax(b) stays; the gap between P V(a)
+// and S(b) on the tensor cores goes.
+#ifndef MLA_FP8_QUEUE_S
+#define MLA_FP8_QUEUE_S 0
+#endif
+
 #ifndef MLA_FP8_L2_PREFETCH
 #define MLA_FP8_L2_PREFETCH 0
 #endif
