@@ -59,11 +59,6 @@
 #define MLA_FP8_S_FIRST 0
 #endif
 
-// MLA_FP8_L2_PREFETCH (default 0, prepared for an A/B with MLA_FP8_S_FIRST=1): on the 64-row fp8 path
-// the copy warps prefetch tile t + 1's rows into L2 before they wait for tile t's slots, so that the
-// refill of a released slot reads L2 instead of HBM. An earlier prefetch (two tiles ahead, bulk, one
-// row per thread; perf-notes v3.1) measured 1.007 under PV first, where the math warps do not wait for
-// data; v3.16's ledger of an S-first order found them waiting for widened tiles.
 // MLA_FP8_QUEUE_S (default 0, prepared for an A/B): with the PV-first order, warpgroup 1 queues S(b)
 // right behind P V(a) and releases tile a once P V(a) alone is done (consumer.cuh consume_two_stage).
 // The ledger's serial chain S(a), softmax(a), P V(a), S(b), softmax(b) stays; the gap between P V(a)
@@ -72,6 +67,11 @@
 #define MLA_FP8_QUEUE_S 0
 #endif
 
+// MLA_FP8_L2_PREFETCH (default 0, prepared for an A/B with MLA_FP8_S_FIRST=1): on the 64-row fp8 path
+// the copy warps prefetch tile t + 1's rows into L2 once tile t's first slot is copied, so that the
+// refill of a released slot reads L2 instead of HBM. An earlier prefetch (two tiles ahead, bulk, one
+// row per thread; perf-notes v3.1) measured 1.007 under PV first, where the math warps do not wait for
+// data; v3.16's ledger of an S-first order found them waiting for widened tiles.
 #ifndef MLA_FP8_L2_PREFETCH
 #define MLA_FP8_L2_PREFETCH 0
 #endif

@@ -287,19 +287,6 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
       src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
                             : cache;
     }
-    if constexpr (kFp8L2Prefetch && !Storage::kRegWiden) {
-      // MLA_FP8_L2_PREFETCH: tile t + 1's rows into L2 before this tile's slots are waited for; the
-      // four threads of a row take 144 bytes each (two line-touching prefetches: its first and last byte).
-      CUTE_UNROLL
-      for (int j = 0; j < kRows; ++j) {
-        const int token = kv_begin + (t + 1) * kBlockN + n0 + kRowStep * j;
-        if (next_page[j] >= 0) {
-          const char* row = cache + int64_t(next_page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token;
-          prefetch_l2(row + q * (kHeadDimK / 4));
-          prefetch_l2(row + q * (kHeadDimK / 4) + kHeadDimK / 4 - 1);
-        }
-      }
-    }
     const int stage = t % Storage::kRing;
     const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
     // Rows n0 + kRowStep j share one chunk position (the ring's swizzle repeats every 8 rows).
@@ -314,6 +301,22 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
                           src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
       }
       cp_async_arrive_noinc(s.raw_landed(slot));
+      if constexpr (kFp8L2Prefetch && !Storage::kRegWiden) {
+        // MLA_FP8_L2_PREFETCH: after tile t's first slot (whose wait for its release hides the
+        // block_table loads of tile t + 1), tile t + 1's rows into L2; the four threads of a row take
+        // 144 bytes each (two line-touching prefetches: its first and last byte).
+        if (c == 0) {
+          CUTE_UNROLL
+          for (int j = 0; j < kRows; ++j) {
+            const int token = kv_begin + (t + 1) * kBlockN + n0 + kRowStep * j;
+            if (next_page[j] >= 0) {
+              const char* row = cache + int64_t(next_page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token;
+              prefetch_l2(row + q * (kHeadDimK / 4));
+              prefetch_l2(row + q * (kHeadDimK / 4) + kHeadDimK / 4 - 1);
+            }
+          }
+        }
+      }
     }
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
