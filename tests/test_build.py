@@ -143,11 +143,15 @@ _SWITCH_BUILDS = {
                         ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
     "fp8-queue-s": ("-DMLA_FP8_QUEUE_S=1 -DMLA_FP8_L2_PREFETCH=1",
                     ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
+    # 32-token fp8 tiles in four stages, with S first (the order the deeper ring is for) and the trace.
+    "fp8-tile32": ("-DMLA_FP8_TILE32=1 -DMLA_FP8_S_FIRST=1 -DMLA_TRACE=1",
+                   ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_nosplit"]),
 }
 
 
 # PTX that only a switch's code path emits: the build test fails if the switch never reached a kernel.
-_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 ", "fp8-queue-s": b"prefetch.global.L2 "}
+_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 ", "fp8-queue-s": b"prefetch.global.L2 ",
+               "fp8-tile32": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
 
 
 @needs_nvcc
@@ -155,8 +159,8 @@ _SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 ", "fp8-queue-s": b"prefe
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH and
-    MLA_FP8_QUEUE_S, prepared for an A/B) must keep compiling, without spills (_SWITCH_BUILDS)."""
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH,
+    MLA_FP8_QUEUE_S and MLA_FP8_TILE32, prepared for an A/B) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
     env = {**os.environ, "CUDAFLAGS": flags}

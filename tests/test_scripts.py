@@ -1,6 +1,7 @@
 """The device scripts (scripts/*.sh) parse, and the store probe (scripts/store_probe.cu) compiles: both
 run only on the GPU machine, where a syntax error would cost a device call. The host-side protocol
-simulations of the transposed path's KV ring (scripts/st_*_sim.py) pass."""
+simulations of the transposed path's KV ring (scripts/st_*_sim.py) pass, and the host-side check of
+the 64-row path's index math against CuTe's layouts (scripts/tile_layout_check.cu) passes."""
 import runpy
 import subprocess
 from pathlib import Path
@@ -27,6 +28,24 @@ def test_store_probe_compiles(tmp_path):
     p = subprocess.run([str(nvcc), "-O3", "-arch=sm_90a", "-o", str(tmp_path / "store_probe"),
                         str(ROOT / "scripts" / "store_probe.cu")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_tile_layout_check_passes(tmp_path):
+    """The widening's and P's shared-memory offsets, V^T as the KV tile's transpose and the S fragment's
+    mapping, at 64-token tiles and at MLA_FP8_TILE32's 32 (host code: no GPU)."""
+    try:
+        nvcc = find_nvcc()
+    except BuildError as e:
+        pytest.skip(f"no CUDA compiler: {e}")
+    from codegen.build import cutlass_include_dir
+    exe = tmp_path / "tile_check"
+    p = subprocess.run([str(nvcc), "-std=c++17", "-arch=sm_90a", "--expt-relaxed-constexpr",
+                        f"-I{ROOT / 'templates'}", f"-I{cutlass_include_dir()}", "-o", str(exe),
+                        str(ROOT / "scripts" / "tile_layout_check.cu")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
+    assert "tile 64:" in run.stdout and "tile 32:" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("sim", ["st_ring_protocol_sim.py"])

@@ -127,6 +127,15 @@ constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) 
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
 constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (tile t in stage t % 4)
+// MLA_FP8_TILE32 (default 0, prepared for an A/B, not GPU-run): the 64-row path's fp8 variants run
+// 32-token tiles in four fp16 stages (the same 144 KiB as two stages of 64), tile t in stage t % 4, so
+// a released slot has three tiles of 32 (96 tokens) to be refilled behind instead of one of 64. The
+// v3.16 stall ledgers found two 64-token stages unable to hide a refill once the math overlaps.
+#ifndef MLA_FP8_TILE32
+#define MLA_FP8_TILE32 0
+#endif
+constexpr int kBlockNFp8 = MLA_FP8_TILE32 ? 32 : kBlockN;  // KV tokens per tile, 64-row fp8 path
+constexpr int kStagesFp8 = MLA_FP8_TILE32 ? 4 : kStages;   // its fp16 stages
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S

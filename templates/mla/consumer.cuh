@@ -27,7 +27,7 @@ using namespace cute;
 // What a math thread needs to know about its CTA's keys and rows.
 struct MathContext {
   int kv_begin;         // first key of the split
-  int num_tiles;        // kBlockN-token tiles in the split (> 0)
+  int num_tiles;        // tiles in the split (> 0): kBlockN tokens, the 64-row storage's kTileN on that path
   int key_limit[2];     // keys >= key_limit[r] are masked for row row0 + 8r (split end, causal)
   float score_scale;    // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, lane;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void rescale(FragO& O, float (&l)[2], const float (&a
 
 // P = exp2(S - m_sub) into the 64 x 64 swizzled P tile at p (columns col_base + fragment column),
 // row sums into l.
-template <class Element, class Frag>
+template <int kTileN = kBlockN, class Element, class Frag>
 __device__ __forceinline__ void exp_store_p(const Frag& S, const MathContext& c, const float (&m_sub)[2], float (&l)[2],
                                             Element* p, int col_base) {
   CUTE_UNROLL
@@ -101,7 +101,7 @@ __device__ __forceinline__ void exp_store_p(const Frag& S, const MathContext& c,
     const float p1 = exp2f(S(i + 1) - m_sub[r]);
     l[r] += p0 + p1;
     const int col = col_base + (i >> 2) * 8 + 2 * (c.lane % 4);
-    *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p) + swizzled_offset(c.row0 + 8 * r, col, kBlockM)) =
+    *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p) + p_offset<kTileN>(c.row0 + 8 * r, col)) =
         pack2<Element>(p0, p1);
   }
 }
@@ -156,7 +156,7 @@ constexpr int kBarEnd = 6;    // both warpgroups' row sums are in row_sum (the e
 // are read for S by warpgroup w (all 9 slots) and for P V by warpgroup v (latent slots 4v .. 4v+3);
 // the RoPE slot holds P, which both read.
 __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
-  return slot == kSubTiles - 1 ? 8 : (slot / 4 == stage ? 4 : 8);
+  return slot == kSubTiles - 1 ? 8 : (slot / 4 == stage % 2 ? 4 : 8);  // stage s: warpgroup s % 2's tiles
 }
 
 // kSFirst: warpgroup 1 queues S(b) before P V(a), so the tensor cores have work while warpgroup 0
@@ -175,7 +175,10 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
   // the fp8 producer's separate copy and widen warps allow (as with kSFirst).
   constexpr bool kQueueS = !kSFirst && MLA_FP8_QUEUE_S != 0;
   using Element = typename CacheTypes<Cache>::Mma;
-  using L = KernelLayouts<Element>;
+  constexpr int kTileN = SharedStorage<Cache>::kTileN;  // tile t: stage t % kRing, warpgroup t % 2
+  constexpr int kRing = SharedStorage<Cache>::kRing;
+  static_assert(kRing % 2 == 0, "tiles 2i and 2i + 1 in stages sa and sa + 1");
+  using L = KernelLayouts<Element, kTileN>;
   typename L::TiledMmaS mma_s;
   typename L::TiledMmaO mma_o;
   mma_o.accumulate_ = GMMA::ScaleOut::One;  // O starts cleared and only ever accumulates
@@ -189,31 +192,33 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
     return thr_s.partition_fragment_B(make_tensor(make_smem_ptr(s.kv[st]), typename L::SmemLayoutKV{}));
   };
   auto p_frag = [&](int st) {
-    return thr_o.partition_fragment_A(make_tensor(make_smem_ptr(stage_p(s.kv[st])), typename L::SmemLayoutP{}));
+    return thr_o.partition_fragment_A(make_tensor(make_smem_ptr(stage_p<kTileN>(s.kv[st])), typename L::SmemLayoutP{}));
   };
   auto v_frag = [&](int st) {
     Tensor sVt = make_tensor(make_smem_ptr(s.kv[st]), typename L::SmemLayoutVt{});
     return thr_o.partition_fragment_B(
-        local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>{}, make_coord(wg, 0)));
+        local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kTileN>>{}, make_coord(wg, 0)));
   };
-  uint64_t* empty0 = &s.kv_empty[0];
-  uint64_t* empty1 = &s.kv_empty[kSubTiles];
   float alpha[2], m_sub[2], m_new[2];
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
-    const int parity0 = (i ^ c.phases) & 1;         // use i of each stage in this piece of work
-    const int parity1 = (i ^ (c.phases >> 1)) & 1;
-    const bool has_b = 2 * i + 1 < c.num_tiles;    // tile b = 2i + 1 exists (stage 1)
+    const int sa = (2 * i) % kRing, sb = sa + 1;   // the stages of tiles a = 2i and b = 2i + 1
+    const int use = i / (kRing / 2);               // their use in this piece of work
+    const int parity0 = (use ^ (c.phases >> sa)) & 1;
+    const int parity1 = (use ^ (c.phases >> sb)) & 1;
+    const bool has_b = 2 * i + 1 < c.num_tiles;    // tile b exists
+    uint64_t* empty0 = &s.kv_empty[sa * kSubTiles];
+    uint64_t* empty1 = &s.kv_empty[sb * kSubTiles];
     if (wg == 0) {
       // ---- tile a = 2i, stage 0: S, softmax, P into the RoPE slot, O_left += P V.
-      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      issue_s(mma_s, tSrQ, k_frag(0), tSrS, &s.kv_full[0], parity0);
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kTileN>>{});
+      issue_s(mma_s, tSrQ, k_frag(sa), tSrS, &s.kv_full[sa * kSubTiles], parity0);
       warpgroup_wait<0>();
       fence_fragment(tSrS);
       release(empty0 + 4, 4, c.lane);  // the right half of V is warpgroup 1's to release
       float tile_max[2];
-      scale_mask_rowmax(tSrS, c, c.kv_begin + 2 * i * kBlockN, tile_max);
+      scale_mask_rowmax(tSrS, c, c.kv_begin + 2 * i * kTileN, tile_max);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         m_new[r] = fmaxf(m_run[r], tile_max[r]);
@@ -222,11 +227,11 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
       math_barrier_arrive(kBarMaxA);
       advance_max(m_run, m_new, alpha, m_sub);
       rescale(tOrO, l_run, alpha);  // nothing of this warpgroup is in flight
-      exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[0]), 0);
+      exp_store_p<kTileN>(tSrS, c, m_sub, l_run, stage_p<kTileN>(s.kv[sa]), 0);
       fence_proxy_async_shared();  // P stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + wg);
-      issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
+      issue_pv(mma_o, p_frag(sa), v_frag(sa), tOrO);
       warpgroup_wait<0>();
       fence_fragment(tOrO);
       release(empty0, 4, c.lane);
@@ -238,7 +243,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[1][c.row0 + 8 * r];
         advance_max(m_run, m_new, alpha, m_sub);
         rescale(tOrO, l_run, alpha);
-        issue_pv(mma_o, p_frag(1), v_frag(1), tOrO);
+        issue_pv(mma_o, p_frag(sb), v_frag(sb), tOrO);
         warpgroup_wait<0>();
         fence_fragment(tOrO);
         release(empty1, 4, c.lane);
@@ -246,8 +251,8 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
       }
     } else {
       // ---- tile b = 2i + 1 (stage 1) is this warpgroup's; with kSFirst its S goes first.
-      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kTileN>>{});
+      if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
       // ---- tile a (warpgroup 0's): follow its max, O_right += P V.
       math_barrier(kBarMaxA);
       CUTE_UNROLL
@@ -255,10 +260,10 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
       advance_max(m_run, m_new, alpha, m_sub);
       rescale(tOrO, l_run, alpha);  // no P V of this warpgroup is in flight
       math_barrier(kBarPA);
-      issue_pv(mma_o, p_frag(0), v_frag(0), tOrO);
+      issue_pv(mma_o, p_frag(sa), v_frag(sa), tOrO);
       if (!kSFirst) {  // release tile a before anything waits for tile b (MLA_FP8_QUEUE_S: S(b) queued first)
         if (kQueueS && has_b) {
-          issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
+          issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
           warpgroup_wait<1>();  // P V(a) is done; S(b) may still run
         } else {
           warpgroup_wait<0>();
@@ -266,7 +271,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         fence_fragment(tOrO);
         release(empty0 + 4, 4, c.lane);
         release(empty0 + kSubTiles - 1, 1, c.lane);
-        if (!kQueueS && has_b) issue_s(mma_s, tSrQ, k_frag(1), tSrS, &s.kv_full[kSubTiles], parity1);
+        if (!kQueueS && has_b) issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
       }
       if (has_b) {
         // ---- tile b: softmax, P, O_right += P V. Queue: S(b), then P V(a) with kSFirst.
@@ -278,7 +283,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         fence_fragment(tSrS);
         release(empty1, 4, c.lane);  // the left half of V is warpgroup 0's to release
         float tile_max[2];
-        scale_mask_rowmax(tSrS, c, c.kv_begin + (2 * i + 1) * kBlockN, tile_max);
+        scale_mask_rowmax(tSrS, c, c.kv_begin + (2 * i + 1) * kTileN, tile_max);
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
           m_new[r] = fmaxf(m_run[r], tile_max[r]);
@@ -287,7 +292,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         advance_max(m_run, m_new, alpha, m_sub);
         l_run[0] *= alpha[0];
         l_run[1] *= alpha[1];
-        exp_store_p(tSrS, c, m_sub, l_run, stage_p(s.kv[1]), 0);
+        exp_store_p<kTileN>(tSrS, c, m_sub, l_run, stage_p<kTileN>(s.kv[sb]), 0);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         if (kSFirst) {
@@ -298,7 +303,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         }
         rescale_o(tOrO, alpha);
         warpgroup_barrier(kBarOwnP + wg);
-        issue_pv(mma_o, p_frag(1), v_frag(1), tOrO);
+        issue_pv(mma_o, p_frag(sb), v_frag(sb), tOrO);
         warpgroup_wait<0>();
         fence_fragment(tOrO);
         release(empty1 + 4, 4, c.lane);

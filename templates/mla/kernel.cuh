@@ -156,6 +156,16 @@ __host__ __device__ __forceinline__ SplitWorkspace<P> split_workspace(const MlaD
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
 __host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
+// The same in a storage's own tiles (SharedStorage::kTileN: 32 for fp8 under MLA_FP8_TILE32). Splits and
+// schedules stay in kBlockN units, so a split's keys start at a multiple of either tile.
+template <int kTileN>
+__host__ __device__ __forceinline__ int tiles_of_n(int keys, int tiles_64) {
+  if constexpr (kTileN == kBlockN) {
+    return tiles_64;
+  } else {
+    return keys / kTileN + (keys % kTileN != 0);
+  }
+}
 
 // The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
 // split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
@@ -500,7 +510,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
   if (w.num_tiles > 0) {
-    const MathContext ctx{w.kv_begin, w.num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
+    const int num_tiles = tiles_of_n<SharedStorage<Cache>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
+    const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
     consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
@@ -746,7 +757,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
-        produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+        produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
+                                          tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x);
       } else {
         const void* kv_map = nullptr;
 #if MLA_TMA

@@ -24,24 +24,28 @@ namespace mla {
 
 using namespace cute;
 
-template <class Element>
+// kTileN: KV tokens per tile, kBlockN (64) except for the fp8 variants under MLA_FP8_TILE32 (32). P
+// (64 x kTileN) is one 128-byte swizzle atom wide at 64 tokens and a 64-byte one at 32 (p_offset).
+template <class Element, int kTileN = kBlockN>
 struct KernelLayouts {
+  static_assert(kTileN == 64 || kTileN == 32, "tile width");
   using SmemLayoutQ =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kHeadDimK>>{}));
   using SmemLayoutKV =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDimK>>{}));
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kTileN>, Int<kHeadDimK>>{}));
   using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                              Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));
-  using SmemLayoutP =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+                                              Shape<Int<kHeadDimV>, Int<kTileN>>{}, Step<_2, _1>{}));
+  using SmemLayoutP = decltype(tile_to_shape(
+      std::conditional_t<kTileN == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>{},
+      Shape<Int<kBlockM>, Int<kTileN>>{}));
 
-  // S[64 x 64] = Q[64 x 576] K^T, the whole tile by one warpgroup ("seesaw" consumer).
+  // S[64 x kTileN] = Q[64 x 576] K^T, the whole tile by one warpgroup ("seesaw" consumer).
   using TiledMmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimK>>>()));
-  // O[64 x 256] += P[64 x 64] V_half[64 x 256], one warpgroup per half of the 512 output columns.
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kTileN>, Int<kHeadDimK>>>()));
+  // O[64 x 256] += P[64 x kTileN] V_half[kTileN x 256], one warpgroup per half of the 512 output columns.
   using TiledMmaO = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
-                           Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>, Int<kBlockN>>,
+                           Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>, Int<kTileN>>,
                            GMMA::Major::K, GMMA::Major::MN>()));
 };
 
@@ -77,24 +81,25 @@ struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kBlockM;
-  static constexpr int kRing = kStages;
+  static constexpr int kTileN = Types::kFp8 ? kBlockNFp8 : kBlockN;  // KV tokens per tile
+  static constexpr int kRing = Types::kFp8 ? kStagesFp8 : kStages;   // tile t in stage t % kRing
   static constexpr bool kRegWiden = false;  // fp8: the producer's widening warps widen in shared memory
   // setmaxnreg budgets (constants.cuh)
   static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
   static constexpr uint32_t kMathRegsUsed = Types::kFp8 ? kMathRegsFp8 : kMathRegs;
   alignas(1024) Element q[kBlockM * kHeadDimK];
-  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+  alignas(1024) Element kv[kRing][kTileN * kHeadDimK];
   float row_max[kNumWarpgroups][kBlockM];  // row maxima passed between the math warpgroups
   float row_sum[2][kNumWarpgroups][kBlockM];  // each warpgroup's row sums, combined at the end
                                               // (two buffers: a scheduled CTA's segments alternate)
   uint64_t q_full;                         // Q has landed (one arrival per producer thread)
   uint64_t q_empty;                        // a scheduled CTA's math warps are done with Q (8 arrivals)
-  uint64_t kv_full[kStages * kSubTiles];   // slot stage * kSubTiles + c has landed (fp8: widened)
-  uint64_t kv_empty[kStages * kSubTiles];  // every math warp that reads the slot is done
-  uint64_t raw_full[Types::kFp8 ? kStages * kSubTiles : 1];  // fp8: the slot's raw bytes have landed
+  uint64_t kv_full[kRing * kSubTiles];   // slot stage * kSubTiles + c has landed (fp8: widened)
+  uint64_t kv_empty[kRing * kSubTiles];  // every math warp that reads the slot is done
+  uint64_t raw_full[Types::kFp8 ? kRing * kSubTiles : 1];  // fp8: the slot's raw bytes have landed
   // fp8: raw row m of a slot sits at kRawSlotOffset + 64 m (the fp16 slot's upper half); its copies
   // arrive on raw_full (the widening warps then arrive on kv_full).
-  static constexpr uint32_t kRawSlotOffset = kBlockN * kSubTileCols;
+  static constexpr uint32_t kRawSlotOffset = kTileN * kSubTileCols;
   static constexpr int kMathWgs = kNumWarpgroups;
   static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   __device__ uint64_t* raw_landed(int slot) { return &raw_full[slot]; }
@@ -178,6 +183,7 @@ struct SharedStorageStFp8 {
   using Types = CacheTypes<cutlass::float_e4m3_t>;
   using Element = cutlass::half_t;
   static constexpr int kRowsPerCta = kRows;
+  static constexpr int kTileN = kBlockN;
   static constexpr int kRing = kStagesStFp8;
   static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
   static constexpr int kMathWgs = kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
@@ -210,10 +216,10 @@ using KernelStorage = std::conditional_t<
                        SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>>,
     SharedStorage<Cache>>;
 
-// The RoPE sub-tile of a KV stage, where the two-stage consumer keeps the tile's P.
-template <class Element>
+// The RoPE sub-tile of a KV stage of kTileN tokens, where the seesaw consumer keeps the tile's P.
+template <int kTileN = kBlockN, class Element>
 __device__ __forceinline__ Element* stage_p(Element* stage) {
-  return stage + (kSubTiles - 1) * kBlockN * kSubTileCols;
+  return stage + (kSubTiles - 1) * kTileN * kSubTileCols;
 }
 
 // Byte offset of element (row, col) in a K-major, 128-byte-swizzled tile of `rows` rows (a multiple
@@ -222,6 +228,19 @@ __host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, i
   const uint32_t atom = uint32_t(row >> 3) + uint32_t(col >> 6) * uint32_t(rows >> 3);
   const uint32_t chunk = uint32_t((col & 63) >> 3) ^ uint32_t(row & 7);
   return atom * 1024u + uint32_t(row & 7) * 128u + chunk * 16u + uint32_t(col & 7) * 2u;
+}
+
+// Byte offset of element (row, col) of P (kBlockM x kTileN, KernelLayouts::SmemLayoutP): at 64 tokens the
+// 128-byte swizzle above; at 32 the 64-byte one (atoms of 8 rows x 32 values stacked along the rows,
+// 16-byte chunk c of row r at chunk position c ^ ((r >> 1) & 3)).
+template <int kTileN>
+__host__ __device__ __forceinline__ uint32_t p_offset(int row, int col) {
+  if constexpr (kTileN == 64) {
+    return swizzled_offset(row, col, kBlockM);
+  } else {
+    const uint32_t chunk = uint32_t(col >> 3) ^ uint32_t((row >> 1) & 3);
+    return uint32_t(row) * 64u + chunk * 16u + uint32_t(col & 7) * 2u;
+  }
 }
 
 }  // namespace mla

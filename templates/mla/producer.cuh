@@ -244,8 +244,8 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
 
 constexpr int kFp8CopyThreads = 64;   // warps 0-1 of the producer
 constexpr int kFp8WidenThreads = 64;  // warps 2-3: two half rows of a slot each
-static_assert(kFp8CopyThreads + kFp8WidenThreads == kProducerThreads && kFp8WidenThreads == kBlockN,
-              "fp8 producer split");
+static_assert(kFp8CopyThreads + kFp8WidenThreads == kProducerThreads && kFp8WidenThreads == 64,
+              "fp8 producer split: two widening threads per row of a 64-token slot, four per row of a 32-token one");
 
 // Barrier 8 over the 64 widening threads: every raw byte of a slot is read before any fp16 lands on it.
 __device__ __forceinline__ void widen_barrier() {
@@ -264,7 +264,8 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,
                                                int last_tile, int ct) {
   constexpr int kRowStep = kCopyThreads / 4;
-  constexpr int kRows = kBlockN / kRowStep;  // rows per thread per tile
+  constexpr int kTileN = Storage::kTileN;
+  constexpr int kRows = kTileN / kRowStep;  // rows per thread per tile
   constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
   static_assert(!Storage::kRegWiden || kRowStep % 8 == 0, "rows n0 + kRowStep j share one swizzled chunk (raw_offset)");
   const char* cache = static_cast<const char*>(a.kv_cache);
@@ -273,7 +274,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
   auto lookup = [&](int t, int32_t (&pg)[kRows]) {
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
+      const int token = kv_begin + t * kTileN + n0 + kRowStep * j;
       pg[j] = t < last_tile && token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
@@ -283,7 +284,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
     const char* src[kRows];
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) {
-      const int token = kv_begin + t * kBlockN + n0 + kRowStep * j;
+      const int token = kv_begin + t * kTileN + n0 + kRowStep * j;
       src[j] = page[j] >= 0 ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token + q * 16
                             : cache;
     }
@@ -308,7 +309,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
         if (c == 0) {
           CUTE_UNROLL
           for (int j = 0; j < kRows; ++j) {
-            const int token = kv_begin + (t + 1) * kBlockN + n0 + kRowStep * j;
+            const int token = kv_begin + (t + 1) * kTileN + n0 + kRowStep * j;
             if (next_page[j] >= 0) {
               const char* row = cache + int64_t(next_page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token;
               prefetch_l2(row + q * (kHeadDimK / 4));
@@ -369,16 +370,61 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
   }
 }
 
+// 32-token tiles (MLA_FP8_TILE32): a slot is 4 KiB of fp16 (rows of 128 bytes in atoms of 8 rows) and
+// raw row m sits at [2048 + 64 m, 2048 + 64 m + 64), so rows 0-15 widen without touching any raw byte
+// and rows 16-31 overwrite all of them. Thread w widens quarter k = w % 4 (16 values) of row r = w / 4
+// and of row r + 16, three slots per barrier.
+__device__ __forceinline__ void widen_quarter_row(char* slot_base, int row, int k, uint4 v) {
+  const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
+  const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
+  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, 16 * k, 32)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, 16 * k + 8, 32)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+}
+template <int kN, class Storage>
+__device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int stage, int c0, int parity, int r, int k) {
+  static_assert(Storage::kTileN == 32, "32-token slots");
+  constexpr int kSlotBytes = 32 * kSubTileCols * 2;
+  uint4 raw[kN][2];
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
+    const char* src = stage_base + (c0 + i) * kSlotBytes + Storage::kRawSlotOffset + 16 * k;
+    raw[i][0] = *reinterpret_cast<const uint4*>(src + r * kSubTileCols);
+    raw[i][1] = *reinterpret_cast<const uint4*>(src + (r + 16) * kSubTileCols);
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) widen_quarter_row(stage_base + (c0 + i) * kSlotBytes, r, k, raw[i][0]);
+  widen_barrier();  // every raw byte of these slots has been read: rows 16-31 may overwrite them
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    widen_quarter_row(stage_base + (c0 + i) * kSlotBytes, r + 16, k, raw[i][1]);
+    fence_proxy_async_shared();  // widened stores -> the math warpgroups' wgmma reads (writer side)
+    arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+  }
+}
+
 template <class Storage>
 __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w) {
-  const int r = w / 2, half = w % 2;
-  for (int t = 0; t < num_tiles; ++t) {
-    const int stage = t % kStages;
-    const int parity = (t / kStages) & 1;
-    char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+  if constexpr (Storage::kTileN == 64) {
+    const int r = w / 2, half = w % 2;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % Storage::kRing;
+      const int parity = (t / Storage::kRing) & 1;
+      char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
 #pragma unroll 1
-    for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, half);
-    if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, half);
+      for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, half);
+      if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, half);
+    }
+  } else {
+    static_assert(kSubTiles % 3 == 0, "three slots per step");
+    const int r = w / 4, k = w % 4;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % Storage::kRing;
+      const int parity = (t / Storage::kRing) & 1;
+      char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+#pragma unroll 1
+      for (int c = 0; c < kSubTiles; c += 3) widen_slots32<3>(s, stage_base, stage, c, parity, r, k);
+    }
   }
 }
 
