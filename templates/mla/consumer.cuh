@@ -1,7 +1,8 @@
 // The math warpgroups of the decode kernel (see kernel.cuh for the whole CTA): S = Q K^T, the online
 // softmax, and O += P V over the KV tiles the producer lands in shared memory, "seesaw" ownership:
-// tile t lives in stage t % 2 and its S and softmax belong to math warpgroup t % 2 alone (S = 64 x 64,
-// N = 64: each wgmma reads 2 KiB of Q and 2 KiB of K, as fast as the tensor core consumes them). Both
+// tile t lives in stage t % 2 (fp8 under MLA_FP8_TILE32: 32-token tiles, stage t % 4) and its S and
+// softmax belong to math warpgroup t % 2 alone (S = 64 x 64, N = 64: each wgmma reads 2 KiB of Q and
+// 2 KiB of K, as fast as the tensor core consumes them). Both
 // warpgroups then multiply the tile's P with their own half of V (warpgroup w owns O[:, 256w ..
 // 256w + 255]). The running row max is handed from one warpgroup to the other through shared memory,
 // tile after tile, so both rescale O and the row sums by the same factors in the same order and the
@@ -33,7 +34,8 @@ struct MathContext {
   int wg, tid_wg, lane;
   int row0;             // this thread's accumulator rows: row0 and row0 + 8
   // Barrier parities of a scheduled CTA's segment (kernel.cuh consume_scheduled; 0 otherwise): bit s
-  // the parity of stage s's first use in this segment, bit 2 that of Q's.
+  // the parity of stage s's first use in this segment, bit 2 that of Q's (two stages: scheduled
+  // kernels are 16-bit, kernel.cuh rows_64 asserts it).
   int phases;
 };
 
@@ -211,7 +213,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
     uint64_t* empty0 = &s.kv_empty[sa * kSubTiles];
     uint64_t* empty1 = &s.kv_empty[sb * kSubTiles];
     if (wg == 0) {
-      // ---- tile a = 2i, stage 0: S, softmax, P into the RoPE slot, O_left += P V.
+      // ---- tile a = 2i, stage sa: S, softmax, P into the RoPE slot, O_left += P V.
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kTileN>>{});
       issue_s(mma_s, tSrQ, k_frag(sa), tSrS, &s.kv_full[sa * kSubTiles], parity0);
       warpgroup_wait<0>();
@@ -250,7 +252,7 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
         release(empty1 + kSubTiles - 1, 1, c.lane);
       }
     } else {
-      // ---- tile b = 2i + 1 (stage 1) is this warpgroup's; with kSFirst its S goes first.
+      // ---- tile b = 2i + 1 (stage sb) is this warpgroup's; with kSFirst its S goes first.
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kTileN>>{});
       if (kSFirst && has_b) issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
       // ---- tile a (warpgroup 0's): follow its max, O_right += P V.

@@ -491,6 +491,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
+  static_assert(SharedStorage<Cache>::kRing == 2 || !kSchedulable<Cache, NUM_HEADS>,
+                "MathContext::phases holds the parities of two stages (and Q's in bit 2)");
   const MlaDecodeArgs& a = p.a;
   const int tid = threadIdx.x - kProducerThreads;
   const int wg = __shfl_sync(0xffffffff, tid / 128, 0);

@@ -256,9 +256,9 @@ __device__ __forceinline__ void widen_barrier() {
 // it, with kCopyThreads threads: thread ct copies 16-byte chunk ct % 4 of rows ct / 4 + (kCopyThreads /
 // 4) j of every slot (a warp: 8 rows x 64 bytes per instruction) and arrives on the slot's "raw bytes
 // landed" barrier (Storage::raw_landed). Raw row m of a slot sits at Storage::kRawSlotOffset + 64 m:
-// the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages), a 4 KiB raw slot
-// of the transposed path's ring (128 copy threads, 4 stages). Pages are looked up one tile ahead; rows
-// past kv_end are zero bytes.
+// the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages; 4 of 32 tokens
+// under MLA_FP8_TILE32), a 4 KiB raw slot of the transposed path's ring (128 copy threads, 4 stages).
+// Pages are looked up one tile ahead; rows past kv_end are zero bytes.
 template <int PAGE_SIZE, int kCopyThreads, class Storage>
 __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,

@@ -1,0 +1,384 @@
+"""Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer.cuh), copy_fp8_tiles
+and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at MLA_FP8_TILE32's four stages of
+32, for both seesaw orders (MLA_FP8_S_FIRST) and MLA_FP8_QUEUE_S.
+
+Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
+arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
+barrier's current (incomplete) phase index % 2 != P. Each wait also carries the phase the code
+means to wait for; a pass with a different completed-phase count is a stale-phase error.
+cp.async arrivals are deferred events fired at random times (in order per copy warp).
+Data checks: a slot's next copy must come after every read of its previous tile; widening reads
+raw bytes only after both copy warps' copies landed; math reads only after both widen warps wrote;
+the upper-row (raw-overwriting) widen writes only after both widen warps read the raw bytes. At the
+end every barrier must be between phases (no partial arrivals). A deadlock, a stale pass, an
+over-arrival or a data race is reported per configuration.
+
+    python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200]   # 200: minutes; CI runs 6
+"""
+import random
+import sys
+
+NSUB = 9
+def empty_count(stage, slot):  # two_stage_empty_count (consumer.cuh), new version
+    return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
+
+class Err(Exception):
+    pass
+
+class MB:
+    def __init__(s, name, count):
+        s.name, s.count, s.pending, s.phase = name, count, count, 0
+    def arrive(s, n):
+        s.pending -= n
+        if s.pending < 0:
+            raise Err(f"over-arrival on {s.name}")
+        if s.pending == 0:
+            s.phase += 1
+            s.pending = s.count
+
+class NB:  # hardware named barrier, units = agents
+    def __init__(s, name, expected):
+        s.name, s.expected, s.arrived, s.gen = name, expected, set(), 0
+    def arrive(s, who):
+        if who in s.arrived:
+            raise Err(f"{who} arrived twice in one generation of named barrier {s.name}")
+        s.arrived.add(who)
+        if len(s.arrived) == s.expected:
+            s.arrived = set(); s.gen += 1
+
+class Sim:
+    def __init__(s, n, ring, sfirst, queue_s, groups, rng, policy):
+        s.n, s.ring, s.rng, s.policy = n, ring, rng, policy
+        s.kv_full = [MB(f"kv_full[{i}]", 64) for i in range(ring * NSUB)]
+        s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
+        s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
+        s.q_full = MB("q_full", 128)
+        s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8")}
+        s.events = {"copy0": [], "copy1": []}
+        # data state per slot
+        s.slot_tile = {}            # (stage, slot) -> tile whose raw bytes landed last (per copy warp set)
+        s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
+        s.copied = {}               # (t, slot) -> copy warps that issued
+        s.raw_read = {}             # (t, slot) -> widen warps that read raw
+        s.widened = {}              # (t, slot) -> widen warps that wrote all rows
+        s.reads_done = {}           # (t, slot) -> set of (reader) completed
+        s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
+        s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
+        s.maxlead = {}
+        s.sfirst, s.queue_s, s.groups = sfirst, queue_s, groups
+        s.agents = {
+            "copy0": s.copy(0), "copy1": s.copy(1),
+            "widen0": s.widen(0), "widen1": s.widen(1),
+            "wg0": s.math(0), "wg1": s.math(1),
+        }
+        s.blocked = {}
+        s.progress = {k: -1 for k in s.agents}
+
+    # readers that tile t's slot c must see complete before slot reuse
+    def required_readers(s, t, c):
+        owner = t % 2
+        r = {f"S{owner}"}
+        if c == NSUB - 1:
+            r |= {"PV0", "PV1"}
+        else:
+            r.add(f"PV{c // 4}")
+        return r
+
+    # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1)
+    def copy(s, w):
+        for t in range(s.n):
+            if t == 1:
+                yield ("arrive", s.q_full, 32)  # after tile 0's copies the copy warps round Q, arrive q_full
+            stage = t % s.ring
+            empty_parity = ((t // s.ring) & 1) ^ 1
+            for c in range(NSUB):
+                slot = stage * NSUB + c
+                yield ("wait", s.kv_empty[slot], empty_parity, t // s.ring - 1 + 1, f"copy{w} t{t} c{c}")
+                yield ("check_copy", t, c, w)
+                yield ("async_arrive", f"copy{w}", s.raw_full[slot], 32, (t, c))
+            s.progress[f"copy{w}"] = t
+        if s.n == 1:
+            yield ("arrive", s.q_full, 32)
+
+    # ---------------- widening warps
+    def widen(s, w):
+        yield ("arrive", s.q_full, 32)
+        for t in range(s.n):
+            stage = t % s.ring
+            parity = (t // s.ring) & 1
+            for grp in s.groups:
+                for c in grp:
+                    yield ("wait", s.raw_full[stage * NSUB + c], parity, t // s.ring + 1, f"widen{w} t{t} c{c}")
+                    yield ("check_raw_read", t, c, w)
+                for c in grp:
+                    yield ("check_lower_write", t, c, w)
+                yield ("nb_sync", s.nb["W8"], f"widen{w}")
+                for c in grp:
+                    yield ("check_upper_write", t, c, w)
+                    yield ("arrive", s.kv_full[stage * NSUB + c], 32)
+            s.progress[f"widen{w}"] = t
+
+    # ---------------- math warpgroups (consume_two_stage)
+    def issue_s(s, wg, t, stage, parity):
+        for c in range(NSUB):
+            yield ("wait", s.kv_full[stage * NSUB + c], parity, t // s.ring + 1, f"wg{wg} S t{t} c{c}")
+            yield ("check_math_read", t, c)
+        yield ("group", wg, (t, tuple(range(NSUB)), f"S{wg}"))
+
+    def pv(s, wg, t):
+        slots = tuple(range(4 * wg, 4 * wg + 4)) + (NSUB - 1,)
+        yield ("group", wg, (t, slots, f"PV{wg}"))
+
+    def rel(s, wg, stage, first, cnt):
+        for j in range(cnt):
+            yield ("arrive", s.kv_empty[stage * NSUB + first + j], 4)
+
+    def math(s, wg):
+        ring, sfirst, queue_s = s.ring, s.sfirst, s.queue_s
+        yield ("wait", s.q_full, 0, 1, f"wg{wg} q")
+        for i in range((s.n + 1) // 2):
+            sa = (2 * i) % ring; sb = sa + 1
+            use = i // (ring // 2)
+            p0 = use & 1; p1 = use & 1
+            a, b = 2 * i, 2 * i + 1
+            has_b = b < s.n
+            if wg == 0:
+                yield from s.issue_s(0, a, sa, p0)
+                yield ("wgwait", 0, 0)
+                yield from s.rel(0, sa, 4, 4)
+                yield ("rowmax", 0, "w", i)
+                yield ("nb_arrive", s.nb["MaxA"], "wg0")
+                yield ("nb_arrive", s.nb["PA"], "wg0")
+                yield from s.pv(0, a)
+                yield ("wgwait", 0, 0)
+                yield from s.rel(0, sa, 0, 4)
+                yield from s.rel(0, sa, NSUB - 1, 1)
+                if has_b:
+                    yield ("nb_sync", s.nb["MaxPB"], "wg0")
+                    yield ("rowmax", 1, "r", i)
+                    yield from s.pv(0, b)
+                    yield ("wgwait", 0, 0)
+                    yield from s.rel(0, sb, 0, 4)
+                    yield from s.rel(0, sb, NSUB - 1, 1)
+            else:
+                if sfirst and has_b:
+                    yield from s.issue_s(1, b, sb, p1)
+                yield ("nb_sync", s.nb["MaxA"], "wg1")
+                yield ("rowmax", 0, "r", i)
+                yield ("nb_sync", s.nb["PA"], "wg1")
+                yield from s.pv(1, a)
+                if not sfirst:
+                    if queue_s and has_b:
+                        yield from s.issue_s(1, b, sb, p1)
+                        yield ("wgwait", 1, 1)
+                    else:
+                        yield ("wgwait", 1, 0)
+                    yield from s.rel(1, sa, 4, 4)
+                    yield from s.rel(1, sa, NSUB - 1, 1)
+                    if not queue_s and has_b:
+                        yield from s.issue_s(1, b, sb, p1)
+                if has_b:
+                    yield ("wgwait", 1, 1 if sfirst else 0)
+                    yield from s.rel(1, sb, 0, 4)
+                    yield ("rowmax", 1, "w", i)
+                    yield ("nb_arrive", s.nb["MaxPB"], "wg1")
+                    if sfirst:
+                        yield ("wgwait", 1, 0)
+                        yield from s.rel(1, sa, 4, 4)
+                        yield from s.rel(1, sa, NSUB - 1, 1)
+                    yield from s.pv(1, b)
+                    yield ("wgwait", 1, 0)
+                    yield from s.rel(1, sb, 4, 4)
+                    yield from s.rel(1, sb, NSUB - 1, 1)
+                elif sfirst:
+                    yield ("wgwait", 1, 0)
+                    yield from s.rel(1, sa, 4, 4)
+                    yield from s.rel(1, sa, NSUB - 1, 1)
+            s.progress[f"wg{wg}"] = i
+
+    # ---------------- op execution: returns True if op completed, False if blocked
+    def try_op(s, name, op):
+        k = op[0]
+        if k == "wait":
+            _, mb, parity, want, what = op
+            passes = (mb.phase % 2) != parity
+            if passes:
+                if mb.phase != want:
+                    raise Err(f"stale phase: {what} waited parity {parity} on {mb.name}, wants {want} completed phases, has {mb.phase}")
+                return True
+            if mb.phase >= want:
+                raise Err(f"lapped: {what} on {mb.name} blocks although phase {want} done (has {mb.phase})")
+            return False
+        if k == "arrive":
+            op[1].arrive(op[2]); return True
+        if k == "async_arrive":
+            s.events[op[1]].append((op[2], op[3], op[4])); return True
+        if k == "nb_arrive":
+            op[1].arrive(op[2]); return True
+        if k == "nb_sync":
+            nb = op[1]
+            key = (name, id(nb))
+            if key not in s.blocked:
+                g = nb.gen
+                nb.arrive(op[2])
+                s.blocked[key] = g
+            if nb.gen > s.blocked[key]:
+                del s.blocked[key]; return True
+            return False
+        if k == "group":
+            _, wg, rd = op
+            for c in rd[1]:
+                if s.widened.get((rd[0], c), 0) != 2:
+                    raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before widened")
+            s.pending_reads.setdefault(wg, []).append(rd); return True
+        if k == "wgwait":
+            _, wg, keep = op
+            lst = s.pending_reads.get(wg, [])
+            while len(lst) > keep:
+                t, slots, tag = lst.pop(0)
+                for c in slots:
+                    s.reads_done.setdefault((t, c), set()).add(tag)
+            return True
+        if k == "check_copy":
+            _, t, c, w = op
+            if t >= s.ring:
+                prev = t - s.ring
+                need = s.required_readers(prev, c)
+                got = s.reads_done.get((prev, c), set())
+                if not need <= got:
+                    raise Err(f"copy{w} overwrites tile {prev} slot {c} (for tile {t}) before readers {need - got} are done")
+                if s.widened.get((prev, c), 0) != 2:
+                    raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
+            s.copied.setdefault((t, c), set()).add(w)
+            return True
+        if k == "check_raw_read":
+            _, t, c, w = op
+            if s.landed.get((t, c), 0) != 2:
+                raise Err(f"widen{w} reads raw of tile {t} slot {c} before both copy warps landed")
+            s.raw_read.setdefault((t, c), set()).add(w)
+            return True
+        if k == "check_lower_write":
+            return True
+        if k == "check_upper_write":
+            _, t, c, w = op
+            if len(s.raw_read.get((t, c), ())) != 2:
+                raise Err(f"widen{w} overwrites raw of tile {t} slot {c} before the other widen warp read it")
+            s.widened[(t, c)] = s.widened.get((t, c), 0) + 1
+            return True
+        if k == "check_math_read":
+            _, t, c = op
+            if s.widened.get((t, c), 0) != 2:
+                raise Err(f"math reads tile {t} slot {c} before widened")
+            return True
+        if k == "rowmax":
+            _, buf, rw, i = op
+            log = s.rowmax[buf]
+            # writer of buffer: wg0 for buf 0, wg1 for buf 1; reader: the other. A write of pair i must
+            # come after the read of pair i-1 (if pair i-1 had a read).
+            if rw == "w" and i > 0 and ("r", i - 1) not in log:
+                raise Err(f"row_max[{buf}] of pair {i} written before pair {i-1}'s was read")
+            if rw == "r" and ("w", i) not in log:
+                raise Err(f"row_max[{buf}] of pair {i} read before written")
+            if rw == "r" and ("w", i + 1) in log:
+                raise Err(f"row_max[{buf}] pair {i} overwritten before read")
+            log.append((rw, i)); return True
+        raise Err(f"bad op {op}")
+
+    def run(s, max_steps=10 ** 6):
+        cur = {k: next(g) for k, g in s.agents.items()}
+        done = set()
+        steps = 0
+        lead = 0
+        while True:
+            steps += 1
+            runnable = []
+            for k in s.agents:
+                if k in done: continue
+                runnable.append(k)
+            ev = [k for k, q in s.events.items() if q]
+            progressed = False
+            order = runnable[:]
+            if s.policy == "random":
+                s.rng.shuffle(order)
+            elif s.policy == "producer_first":
+                order.sort(key=lambda k: (0 if k.startswith(("copy", "widen")) else 1, s.rng.random()))
+            elif s.policy == "math_first":
+                order.sort(key=lambda k: (1 if k.startswith(("copy", "widen")) else 0, s.rng.random()))
+            elif s.policy == "wg0_first":
+                order.sort(key=lambda k: ({"wg0": 0, "copy0": 1, "copy1": 1, "widen0": 2, "widen1": 2, "wg1": 3}[k], s.rng.random()))
+            elif s.policy == "wg1_first":
+                order.sort(key=lambda k: ({"wg1": 0, "copy0": 1, "copy1": 1, "widen0": 2, "widen1": 2, "wg0": 3}[k], s.rng.random()))
+            # fire events lazily: with prob 0.3 before agents, always if nothing else runs
+            if ev and s.rng.random() < 0.3:
+                s.fire(s.rng.choice(ev)); progressed = True
+            else:
+                for k in order:
+                    if s.try_op(k, cur[k]):
+                        try:
+                            cur[k] = next(s.agents[k])
+                        except StopIteration:
+                            done.add(k)
+                        progressed = True
+                        break
+                if not progressed and ev:
+                    s.fire(s.rng.choice(ev)); progressed = True
+            if len(done) == len(s.agents) and not any(s.events.values()):
+                break
+            if not progressed:
+                blk = {k: (cur[k][0], cur[k][-1] if cur[k][0] == "wait" else cur[k][1:]) for k in s.agents if k not in done}
+                raise Err(f"DEADLOCK: {blk}")
+            # run-ahead bookkeeping
+            p = s.progress
+            lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
+            if steps > max_steps:
+                raise Err("too many steps")
+        # everything consumed?
+        for t in range(s.n):
+            for c in range(NSUB):
+                need = s.required_readers(t, c)
+                if not need <= s.reads_done.get((t, c), set()):
+                    raise Err(f"tile {t} slot {c} not fully read")
+        # barriers balanced: every kv_empty has no partial phase
+        for mb in s.kv_empty + s.kv_full + s.raw_full:
+            if mb.pending != mb.count:
+                raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
+        return lead
+
+    def fire(s, k):
+        mb, n, (t, c) = s.events[k].pop(0)
+        s.landed[(t, c)] = s.landed.get((t, c), 0) + 1
+        mb.arrive(n)
+
+
+def main(nseeds=None):
+    if nseeds is None:
+        nseeds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    configs = []
+    # (stages, the widening's slot groups per barrier): MLA_FP8_TILE32's 4 x 32 tokens, three slots a
+    # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
+    for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
+        for sfirst, queue_s in ((True, False), (False, False), (False, True)):
+            configs.append((ring, sfirst, queue_s, groups))
+    bad = 0
+    for ring, sfirst, queue_s, groups in configs:
+        errs = {}
+        for n in range(1, 13):
+            for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
+                for seed in range(nseeds):
+                    rng = random.Random(seed * 1000 + n)
+                    try:
+                        Sim(n, ring, sfirst, queue_s, groups, rng, policy).run()
+                    except Err as e:
+                        errs.setdefault(str(e)[:200], []).append((n, policy, seed))
+        tag = f"ring={ring} kSFirst={sfirst} QUEUE_S={queue_s}"
+        if errs:
+            bad += 1
+            print(tag, "ERRORS:")
+            for e, where in list(errs.items())[:5]:
+                print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
+        else:
+            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds")
+    return bad
+
+if __name__ == "__main__":
+    sys.exit(main())
