@@ -405,25 +405,20 @@ __device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int 
 
 template <class Storage>
 __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w) {
-  if constexpr (Storage::kTileN == 64) {
-    const int r = w / 2, half = w % 2;
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % Storage::kRing;
-      const int parity = (t / Storage::kRing) & 1;
-      char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+  constexpr bool k64 = Storage::kTileN == 64;
+  static_assert(k64 || kSubTiles % 3 == 0, "32-token slots: three per step");
+  const int r = k64 ? w / 2 : w / 4, part = k64 ? w % 2 : w % 4;  // a half row of 64 tokens, a quarter of 32
+  for (int t = 0; t < num_tiles; ++t) {
+    const int stage = t % Storage::kRing;
+    const int parity = (t / Storage::kRing) & 1;
+    char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+    if constexpr (k64) {
 #pragma unroll 1
-      for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, half);
-      if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, half);
-    }
-  } else {
-    static_assert(kSubTiles % 3 == 0, "three slots per step");
-    const int r = w / 4, k = w % 4;
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % Storage::kRing;
-      const int parity = (t / Storage::kRing) & 1;
-      char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+      for (int c = 0; c + 1 < kSubTiles; c += 2) widen_slots<2>(s, stage_base, stage, c, parity, r, part);
+      if constexpr (kSubTiles % 2 != 0) widen_slots<1>(s, stage_base, stage, kSubTiles - 1, parity, r, part);
+    } else {
 #pragma unroll 1
-      for (int c = 0; c < kSubTiles; c += 3) widen_slots32<3>(s, stage_base, stage, c, parity, r, k);
+      for (int c = 0; c < kSubTiles; c += 3) widen_slots32<3>(s, stage_base, stage, c, parity, r, part);
     }
   }
 }
