@@ -72,10 +72,12 @@ struct CacheTypes<cutlass::float_e4m3_t> {
 };
 constexpr float kFp8QPrescale = 1.f / 256.f;
 
-// 72 KiB Q + 2 x 72 KiB KV ring + row statistics and barriers: 216 KiB, one CTA per SM. Sub-tile c of
-// a KV stage (columns 64c .. 64c+63 of all 64 tokens) is the contiguous 8 KiB at byte offset c * 8192,
+// 72 KiB Q + 2 x 72 KiB KV ring (fp8 under MLA_FP8_TILE32: 4 x 36 KiB of 32 tokens) + row statistics
+// and barriers: 216 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
+// tokens) is the contiguous 8 KiB at byte offset c * 8192 (4 KiB at c * 4096 for 32 tokens),
 // because the swizzle atoms are laid out column-block-major. The consumer writes a tile's P into the
-// tile's own RoPE sub-tile (read by S only, and P has the same 64 x 64 swizzled layout).
+// tile's own RoPE sub-tile (read by S only; P is 64 x 64 in the same swizzle, or 64 x 32 in the
+// 64-byte one: p_offset).
 template <class Cache>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
