@@ -330,16 +330,18 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
 // widens half h = w % 2 (32 values) of row r = w / 2 and of row r + 32: first row r straight through,
 // then it reads row r + 32's raw half, and after a barrier of the 64 widening threads (every raw
 // byte has been read) writes it. 8 raw and 16 widened registers at a time.
+// 16 e4m3 values -> fp16 columns col .. col + 15 of a slot of kRows token rows.
+template <int kRows>
+__device__ __forceinline__ void widen16(char* slot_base, int row, int col, uint4 v) {
+  const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
+  const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
+  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col, kRows)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col + 8, kRows)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+}
 __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int half, uint4 lo, uint4 hi) {
   const uint4 v[2] = {lo, hi};
   CUTE_UNROLL
-  for (int k = 0; k < 2; ++k) {  // 16 e4m3 values -> fp16 columns 32 half + 16 k .. + 15
-    const uint2 w0 = e4m3x4_to_f16x4(v[k].x), w1 = e4m3x4_to_f16x4(v[k].y);
-    const uint2 w2 = e4m3x4_to_f16x4(v[k].z), w3 = e4m3x4_to_f16x4(v[k].w);
-    const int col = 32 * half + 16 * k;
-    *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col, kBlockN)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-    *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, col + 8, kBlockN)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-  }
+  for (int k = 0; k < 2; ++k) widen16<kBlockN>(slot_base, row, 32 * half + 16 * k, v[k]);
 }
 
 // Widens kN consecutive slots of a stage together: all their raw halves are loaded up front (one
@@ -374,12 +376,6 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
 // raw row m sits at [2048 + 64 m, 2048 + 64 m + 64), so rows 0-15 widen without touching any raw byte
 // and rows 16-31 overwrite all of them. Thread w widens quarter k = w % 4 (16 values) of row r = w / 4
 // and of row r + 16, three slots per barrier.
-__device__ __forceinline__ void widen_quarter_row(char* slot_base, int row, int k, uint4 v) {
-  const uint2 w0 = e4m3x4_to_f16x4(v.x), w1 = e4m3x4_to_f16x4(v.y);
-  const uint2 w2 = e4m3x4_to_f16x4(v.z), w3 = e4m3x4_to_f16x4(v.w);
-  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, 16 * k, 32)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-  *reinterpret_cast<uint4*>(slot_base + swizzled_offset(row, 16 * k + 8, 32)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-}
 template <int kN, class Storage>
 __device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int stage, int c0, int parity, int r, int k) {
   static_assert(Storage::kTileN == 32, "32-token slots");
@@ -393,11 +389,11 @@ __device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int 
     raw[i][1] = *reinterpret_cast<const uint4*>(src + (r + 16) * kSubTileCols);
   }
   CUTE_UNROLL
-  for (int i = 0; i < kN; ++i) widen_quarter_row(stage_base + (c0 + i) * kSlotBytes, r, k, raw[i][0]);
+  for (int i = 0; i < kN; ++i) widen16<32>(stage_base + (c0 + i) * kSlotBytes, r, 16 * k, raw[i][0]);
   widen_barrier();  // every raw byte of these slots has been read: rows 16-31 may overwrite them
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
-    widen_quarter_row(stage_base + (c0 + i) * kSlotBytes, r + 16, k, raw[i][1]);
+    widen16<32>(stage_base + (c0 + i) * kSlotBytes, r + 16, 16 * k, raw[i][1]);
     fence_proxy_async_shared();  // widened stores -> the math warpgroups' wgmma reads (writer side)
     arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
   }
