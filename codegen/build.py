@@ -64,6 +64,7 @@ _ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla17mla_decode_kernelI[
 _MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t|12float_e4m3_t)ELi(\d+)ELi(\d+)ELb([01])E")
 _DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16", "12float_e4m3_t": "fp8_e4m3"}
 _REGS_RE = re.compile(r"Used (\d+) registers")
+_TRACE_SPILL_BYTES = 8  # the spill (bytes of stores, loads or stack) an MLA_TRACE build may have, see build()
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/(mla_decode_[a-z0-9_]+)\.cu\.o")
 
@@ -77,7 +78,9 @@ def _variant_of_mangled(symbol: str) -> Variant | None:
 
 
 def parse_resource_usage(log: str) -> dict[str, dict]:
-    """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output."""
+    """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output.
+    A variant's translation unit may hold several kernels (the balanced-schedule and fp8 short-split
+    instantiations): each field is the largest over them, so a spill in any kernel shows."""
     usage: dict[str, dict] = {}
     current: Variant | None = None
     for line in log.splitlines():
@@ -89,9 +92,10 @@ def parse_resource_usage(log: str) -> dict[str, dict]:
             continue
         rec = usage.setdefault(current.name, {})
         if (m := _SPILL_RE.search(line)):
-            rec.update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)), spill_load_bytes=int(m.group(3)))
+            for key, value in zip(("stack_bytes", "spill_store_bytes", "spill_load_bytes"), m.groups()):
+                rec[key] = max(rec.get(key, 0), int(value))
         elif (m := _REGS_RE.search(line)):
-            rec["registers"] = int(m.group(1))
+            rec["registers"] = max(rec.get("registers", 0), int(m.group(1)))
             current = None
     return usage
 
@@ -163,8 +167,17 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
     usage.update(parse_resource_usage(log))
     usage = {k: usage[k] for k in sorted(usage) if k in {v.name for v in variants}}
     write_if_changed(usage_path, json.dumps(usage, indent=2, sort_keys=True) + "\n")
-    spilled = [n for n, r in usage.items() if r.get("spill_store_bytes", 0) or r.get("spill_load_bytes", 0)
-               or r.get("stack_bytes", 0)]
+    # A phase-trace build (MLA_TRACE, a diagnostic) may spill a few bytes: with the fp8 short-split
+    # kernel in the same unit, NVVM schedules the uniform fp8 kernel's address arithmetic a little
+    # differently and ptxas keeps one 16-bit value in local memory across the loop (one store and one
+    # load per CTA). Default builds tolerate no spill.
+    allowed = _TRACE_SPILL_BYTES if "MLA_TRACE=1" in os.environ.get("CUDAFLAGS", "") else 0
+    spilled = [n for n, r in usage.items() if max(r.get("spill_store_bytes", 0), r.get("spill_load_bytes", 0),
+                                                  r.get("stack_bytes", 0)) > allowed]
+    if allowed:
+        for n, r in usage.items():
+            if n not in spilled and r.get("stack_bytes", 0):
+                echo(f"  note: {n} spills {r.get('spill_store_bytes', 0)} B in this trace build (at most {allowed} allowed)")
     if spilled:
         for name in spilled:  # force a recompile next time so the error is not forgotten
             (generated_dir / "variants" / f"{name}.cu").touch()

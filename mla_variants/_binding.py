@@ -10,7 +10,7 @@ import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 3  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 4  # must equal MLA_ABI_VERSION in templates/mla/abi.h
 
 _i32, _i64, _vp, _f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
@@ -20,7 +20,7 @@ class MlaDecodeArgs(ctypes.Structure):
 
     _fields_ = [
         ("abi_version", _i32), ("batch", _i32), ("q_len", _i32), ("num_heads", _i32),
-        ("max_pages_per_seq", _i32), ("num_kv_splits", _i32),
+        ("max_pages_per_seq", _i32), ("num_kv_splits", _i32), ("max_seq_len", _i32),
         ("q_nope", _vp), ("q_nope_stride_batch", _i64), ("q_nope_stride_token", _i64), ("q_nope_stride_head", _i64),
         ("q_pe", _vp), ("q_pe_stride_batch", _i64), ("q_pe_stride_token", _i64), ("q_pe_stride_head", _i64),
         ("kv_cache", _vp), ("kv_stride_page", _i64), ("kv_stride_token", _i64),

@@ -397,15 +397,17 @@ def _current_stream(device_index: int) -> int:
 
 
 def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,
-          stream: int, schedule: int = 0, sched_ctas: int = 0) -> list[tuple[str, bytes]]:
+          stream: int, schedule: int = 0, sched_ctas: int = 0, max_seq_len: int = 0) -> list[tuple[str, bytes]]:
     """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]. schedule: the
-    device address of a balanced schedule (MLADecodePlan.schedule) for sched_ctas CTAs per row block, or 0."""
+    device address of a balanced schedule (MLADecodePlan.schedule) for sched_ctas CTAs per row block, or 0.
+    max_seq_len: the caller's bound of seq_lens (0: none), from which the launcher picks the fp8 kernel
+    of short splits (templates/mla/launch.cuh)."""
     o, ls = c.out, c.lse
     o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
     qn_st, qp_st = c.qn_st, c.qp_st
     ws_ptr = workspace.data_ptr() if workspace_bytes else 0
     return [(l.symbol, _binding.pack_args(
-        c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits,
+        c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits, min(max_seq_len, 2**31 - 1),
         c.qn_ptr + l.head_start * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
         c.qp_ptr + l.head_start * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
         c.kv_ptr, c.kv_st[0], c.kv_st[1], c.k_scale, c.k_scale_ptr, c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
@@ -415,14 +417,14 @@ def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None
 
 
 def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,
-            schedule: int = 0, sched_ctas: int = 0) -> None:
+            schedule: int = 0, sched_ctas: int = 0, max_seq_len: int = 0) -> None:
     """Call the compiled launchers on the current stream of the tensors' device."""
     if c.device_index != torch.cuda.current_device():  # launch on the tensors' device, not the current one
         with torch.cuda.device(c.device_index):
-            return _launch(c, launches, num_kv_splits, workspace, workspace_bytes, schedule, sched_ctas)
+            return _launch(c, launches, num_kv_splits, workspace, workspace_bytes, schedule, sched_ctas, max_seq_len)
     lib = _binding.library()
     for symbol, packed in _pack(c, launches, num_kv_splits, workspace, workspace_bytes, _current_stream(c.device_index),
-                                schedule, sched_ctas):
+                                schedule, sched_ctas, max_seq_len):
         lib.launch(symbol, packed)
 
 
@@ -455,7 +457,8 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         negative or exceeds max_pages_per_seq * page_size gets NaN out and lse (debug=True raises instead).
       softmax_scale: positive float multiplying q.k (DeepSeek: (128 + 64) ** -0.5 times the YaRN factor).
       num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits`.
-      max_seq_len: upper bound of seq_lens for the split heuristic (default: the block table's capacity).
+      max_seq_len: upper bound of seq_lens for the split heuristic and the kernel choice (default: the
+        block table's capacity). Only speed depends on it: a longer request is still computed exactly.
       out: optional preallocated [batch, q_len, num_heads, 512] in q's dtype (last dim contiguous).
       lse: optional preallocated [batch, num_heads, q_len] fp32.
       workspace: optional device tensor of at least :func:`workspace_size` bytes for split-KV; when absent
@@ -499,7 +502,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         else:
             _check_workspace(workspace, need, c.device,
                              f"workspace_size(batch={c.batch}, num_heads, q_len={c.q_len}, num_kv_splits={num_kv_splits})")
-    _launch(c, launches, num_kv_splits, workspace, need)
+    _launch(c, launches, num_kv_splits, workspace, need, max_seq_len=max_seq_len or 0)
     return c.out, c.lse
 
 

@@ -35,7 +35,8 @@ class MLADecodePlan:
         torch.float16.
       kv_dtype: the cache's dtype: None (the default) for a cache in `dtype`, or torch.float8_e4m3fn for
         an fp8 cache (with dtype torch.bfloat16; `run` then takes k_scale, as :func:`mla_variants.mla_decode`).
-      max_seq_len: the longest sequence the engine serves (for the split heuristic).
+      max_seq_len: the longest sequence the engine serves (for the split heuristic and the kernel choice;
+        only speed depends on it).
       num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits` for max_batch.
       device: the CUDA device (default: the current one).
       workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
@@ -215,7 +216,8 @@ class MLADecodePlan:
             _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
                     self._schedules[c.batch].data_ptr(), self.sched_ctas)
         elif c.batch:
-            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes)
+            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
+                    max_seq_len=self.max_seq_len)
         return out, lse
 
     def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
@@ -261,7 +263,8 @@ class BoundDecode:
         self.plan, self._call = plan, call          # holds every tensor the packed pointers refer to
         self.out, self.lse = call.out, call.lse
         lib = _binding.library()
-        packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0)
+        packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0,
+                       max_seq_len=plan.max_seq_len)
         # the stream is the struct's last field: keep the rest, append the current stream per call
         self._launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed] if call.batch else []
         # The same step on the balanced schedule, used while the plan holds one for this batch

@@ -1,5 +1,5 @@
 """Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer.cuh), copy_fp8_tiles
-and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at MLA_FP8_TILE32's four stages of
+and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at the short-split kernel's four stages of
 32, for both seesaw orders (MLA_FP8_S_FIRST) and MLA_FP8_QUEUE_S.
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
@@ -354,7 +354,7 @@ def main(nseeds=None):
     if nseeds is None:
         nseeds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     configs = []
-    # (stages, the widening's slot groups per barrier): MLA_FP8_TILE32's 4 x 32 tokens, three slots a
+    # (stages, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens, three slots a
     # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
     for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
         for sfirst, queue_s in ((True, False), (False, False), (False, True)):

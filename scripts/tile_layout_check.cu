@@ -1,5 +1,5 @@
 // Host-only check (no GPU needed) of the 64-row path's index math against CuTe's layouts, for both tile
-// widths (KernelLayouts<Element, kTileN>: 64 tokens, and 32 for fp8 under MLA_FP8_TILE32):
+// widths (KernelLayouts<Element, kTileN>: 64 tokens, and 32 in the fp8 short-split kernel):
 //   - swizzled_offset(row, col, kTileN), which the fp8 widening stores use, against SmemLayoutKV;
 //   - p_offset<kTileN>(row, col), which exp_store_p's P stores use, against SmemLayoutP (the 128-byte
 //     swizzle at 64 tokens, the 64-byte one at 32);

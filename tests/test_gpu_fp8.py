@@ -93,6 +93,33 @@ def test_fp8_large_q_and_mixed_lengths_with_splits():
         assert not problems, f"splits={n}: {problems}"
 
 
+def _short_kernel_keys():
+    """fp8 split variants of the 64-row path (more than 16 heads): those with a short-split kernel."""
+    return [k for k in _fp8_keys() if k[3] and k[0] > 16]
+
+
+@pytest.mark.parametrize("key", _short_kernel_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}")
+def test_fp8_short_split_kernel_and_the_long_one_on_the_same_call(key):
+    """The launcher picks the short-split kernel (32-token tiles, four stages) from max_seq_len and the
+    split count alone (templates/mla/launch.cuh). Four splits of 832 keys (13 tiles of 64) each way: without
+    max_seq_len the 64-token kernel runs; with max_seq_len=1 the short one runs 26 tiles of 32 per split
+    (the four-stage ring wraps six times). Both must match the reference, and they must differ from
+    each other (other tile boundaries round P differently), which shows the two kernels ran."""
+    num_heads, page, _, _ = key
+    g = torch.Generator().manual_seed(11 + num_heads + page)
+    for q_len in (1, 2):
+        case = make_paged_case([0, 1, 33, 700, 3071 + q_len], num_heads, page, q_len, FP8, generator=g, k_scale=0.25)
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                   k_scale=0.25)
+        outs = []
+        for bound in (None, 1):
+            out, lse = run_nan_prefilled(case, 4, k_scale=0.25, max_seq_len=bound)
+            problems = compare(out, lse, *ref, **FP8_TOLERANCE)
+            assert not problems, f"{key} q_len={q_len} max_seq_len={bound}: {problems}"
+            outs.append(out)
+        assert not torch.equal(outs[0], outs[1]), f"{key} q_len={q_len}: the same kernel ran for both max_seq_len"
+
+
 def test_fp8_cache_stride_must_keep_rows_16_byte_aligned():
     heads, page, _, _ = _any_fp8_key()
     case = make_paged_case([100], heads, page, 1, FP8, generator=torch.Generator().manual_seed(1), k_scale=1.0)

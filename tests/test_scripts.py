@@ -31,7 +31,7 @@ def test_store_probe_compiles(tmp_path):
 
 
 def test_seesaw_protocol_simulation_passes(capsys):
-    """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens and MLA_FP8_TILE32's four of 32,
+    """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens and the fp8 short-split kernel's four of 32,
     both seesaw orders and MLA_FP8_QUEUE_S): no deadlock, stale phase, over-arrival or data race over
     num_tiles 1-12 and five scheduling policies (6 random interleavings each here; the script's
     default is 200)."""
@@ -43,7 +43,7 @@ def test_seesaw_protocol_simulation_passes(capsys):
 
 def test_tile_layout_check_passes(tmp_path):
     """The widening's and P's shared-memory offsets, V^T as the KV tile's transpose and the S fragment's
-    mapping, at 64-token tiles and at MLA_FP8_TILE32's 32 (host code: no GPU)."""
+    mapping, at 64-token tiles and at the short-split kernel's 32 (host code: no GPU)."""
     try:
         nvcc = find_nvcc()
     except BuildError as e:

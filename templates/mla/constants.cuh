@@ -48,7 +48,8 @@
 #define MLA_FP8_ST_WGS 3
 #endif
 
-// MLA_FP8_S_FIRST (default 0): the fp8 path's seesaw order (consumer.cuh consume_two_stage kSFirst);
+// MLA_FP8_S_FIRST (default 0): the seesaw order of the 64-row fp8 kernel with 64-token tiles (consumer.cuh
+// consume_two_stage kSFirst; the short-split kernel, below, always runs S first);
 // 0 releases a tile after its P V before the next S is issued, which leaves the fp8 producer more slack.
 // Measured: 1 is 1.012 on the 128-head fp8 anchors (v3.9). ncu's warp sampling of the 64-row fp8
 // kernel (perf-notes v3.16) finds with 0 each math warpgroup waiting a third of its time for the
@@ -127,15 +128,22 @@ constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) 
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
 constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (tile t in stage t % 4)
-// MLA_FP8_TILE32 (default 0, prepared for an A/B, not GPU-run): the 64-row path's fp8 variants run
-// 32-token tiles in four fp16 stages (the same 144 KiB as two stages of 64), tile t in stage t % 4, so
-// a released slot has three tiles of 32 (96 tokens) to be refilled behind instead of one of 64. The
-// v3.16 stall ledgers found two 64-token stages unable to hide a refill once the math overlaps.
-#ifndef MLA_FP8_TILE32
-#define MLA_FP8_TILE32 0
+// Short splits of fp8 caches (MLA_FP8_SHORT_SPLIT_KEYS): a split variant of the 64-row path whose
+// launch gives each split at most this many keys (bounded by the caller's max_seq_len, else the block
+// table's capacity; launch.cuh) runs a second kernel, with 32-token tiles in four fp16 stages (the same
+// 144 KiB as two stages of 64; tile t in stage t % 4) and the S-first seesaw order. A split that short
+// is latency-bound: its first tile lands and is widened in half the time. Longer splits keep 64-token
+// tiles, whose wider wgmmas and fewer barriers win once the work is long. Measured (docs/perf-notes.md
+// v3.17, 74 fp8 anchors at 32-128 heads, L2 flushed): at 128 keys per split the 64-token kernel takes
+// 1.03-1.08x the short one's time; at 256 0.98-1.01x; at 512 and more the short one is 3-17% slower.
+// Replayed back to back in a CUDA graph (the cache then stays in L2) the short kernel is 4-6% slower
+// at 128 keys and 7-10% at 256: the default keeps it to the 128-key splits, where cold calls gain.
+// 0 turns it off.
+#ifndef MLA_FP8_SHORT_SPLIT_KEYS
+#define MLA_FP8_SHORT_SPLIT_KEYS 128
 #endif
-constexpr int kBlockNFp8 = MLA_FP8_TILE32 ? 32 : kBlockN;  // KV tokens per tile, 64-row fp8 path
-constexpr int kStagesFp8 = MLA_FP8_TILE32 ? 4 : kStages;   // its fp16 stages
+constexpr int kShortTileN = 32;       // KV tokens per tile of the short-split fp8 kernel
+constexpr int kShortStages = 4;       // its fp16 stages
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
 constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part (K and V), 1 RoPE (K only)
 constexpr int kNumWarpgroups = 2;     // math warpgroups: each owns half of O (256 columns) and alternate tiles' S

@@ -1,6 +1,6 @@
 // The math warpgroups of the decode kernel (see kernel.cuh for the whole CTA): S = Q K^T, the online
 // softmax, and O += P V over the KV tiles the producer lands in shared memory, "seesaw" ownership:
-// tile t lives in stage t % 2 (fp8 under MLA_FP8_TILE32: 32-token tiles, stage t % 4) and its S and
+// tile t lives in stage t % 2 (the short-split fp8 kernel: 32-token tiles, stage t % 4) and its S and
 // softmax belong to math warpgroup t % 2 alone (S = 64 x 64, N = 64: each wgmma reads 2 KiB of Q and
 // 2 KiB of K, as fast as the tensor core consumes them). Both
 // warpgroups then multiply the tile's P with their own half of V (warpgroup w owns O[:, 256w ..
@@ -168,8 +168,8 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
 // the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
 // before widening t would deadlock with kSFirst). For fp8, S first measured 1.012 (v3.9) and the
 // stall ledgers of v3.16 explain why (constants.cuh MLA_FP8_S_FIRST).
-template <bool kSFirst, class Cache, class FragO>
-__device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const MathContext& c, FragO& tOrO,
+template <bool kSFirst, class Cache, bool kShort, class FragO>
+__device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
   // MLA_FP8_QUEUE_S (the PV-first order only): S(b) is issued right behind P V(a), before the wait
   // that releases tile a, so the tensor cores go from one to the other without the wait, the release
@@ -177,8 +177,8 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache>& s, const
   // the fp8 producer's separate copy and widen warps allow (as with kSFirst).
   constexpr bool kQueueS = !kSFirst && MLA_FP8_QUEUE_S != 0;
   using Element = typename CacheTypes<Cache>::Mma;
-  constexpr int kTileN = SharedStorage<Cache>::kTileN;  // tile t: stage t % kRing, warpgroup t % 2
-  constexpr int kRing = SharedStorage<Cache>::kRing;
+  constexpr int kTileN = SharedStorage<Cache, kShort>::kTileN;  // tile t: stage t % kRing, warpgroup t % 2
+  constexpr int kRing = SharedStorage<Cache, kShort>::kRing;
   static_assert(kRing % 2 == 0, "tiles 2i and 2i + 1 in stages sa and sa + 1");
   using L = KernelLayouts<Element, kTileN>;
   typename L::TiledMmaS mma_s;

@@ -156,7 +156,7 @@ __host__ __device__ __forceinline__ SplitWorkspace<P> split_workspace(const MlaD
 
 // Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
 __host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
-// The same in a storage's own tiles (SharedStorage::kTileN: 32 for fp8 under MLA_FP8_TILE32). Splits and
+// The same in a storage's own tiles (SharedStorage::kTileN: 32 in the short-split fp8 kernel). Splits and
 // schedules stay in kBlockN units, so a split's keys start at a multiple of either tile.
 template <int kTileN>
 __host__ __device__ __forceinline__ int tiles_of_n(int keys, int tiles_64) {
@@ -485,13 +485,14 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
-template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false>
-__device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s, const CtaWork& w,
+// kShort: the short-split fp8 kernel's storage (32-token tiles, four stages) and its S-first order.
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false, bool kShort = false>
+__device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS, kShort>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
-  static_assert(SharedStorage<Cache>::kRing == 2 || !kSchedulable<Cache, NUM_HEADS>,
+  static_assert(SharedStorage<Cache, kShort>::kRing == 2 || !kSchedulable<Cache, NUM_HEADS>,
                 "MathContext::phases holds the parities of two stages (and Q's in bit 2)");
   const MlaDecodeArgs& a = p.a;
   const int tid = threadIdx.x - kProducerThreads;
@@ -512,10 +513,10 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
   if (w.num_tiles > 0) {
-    const int num_tiles = tiles_of_n<SharedStorage<Cache>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
+    const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
     const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    consume_two_stage</*kSFirst=*/!Types::kFp8 || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
@@ -685,13 +686,17 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
 // SCHED: the balanced-schedule instantiation (launched only with a.schedule set; kSchedulable split
 // variants). A separate kernel rather than a branch: with both paths in one kernel every uniform call
 // measured ~2.5 us slower (docs/perf-notes.md, balanced schedule).
-template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false>
+// SHORT: the short-split instantiation of fp8 split variants on the 64-row path (32-token tiles in
+// four stages; launch.cuh picks it from the keys per split, constants.cuh MLA_FP8_SHORT_SPLIT_KEYS).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false, bool SHORT = false>
 __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
-  using Storage = KernelStorage<Cache, NUM_HEADS>;
+  using Storage = KernelStorage<Cache, NUM_HEADS, SHORT>;
+  static_assert(!SHORT || (Types::kFp8 && !kUseSt<NUM_HEADS> && SPLIT && !SCHED), "short tiles: fp8 split variants, 64-row path");
+  static_assert(Storage::kThreads == KernelStorage<Cache, NUM_HEADS>::kThreads, "one block size per variant");
   constexpr bool kSt = kUseSt<NUM_HEADS>;
   extern __shared__ char smem_raw[];
   // Aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler still knows
@@ -859,7 +864,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kStagedPieces=*/kPartial16<NUM_HEADS> && SPLIT>(p, s, w, piece_row,
+            /*kStagedPieces=*/kPartial16<NUM_HEADS> && SPLIT, /*kShort=*/SHORT>(p, s, w, piece_row,
                                                                                         score_scale, v_scale,
                                                                  /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();

@@ -92,13 +92,28 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
 }
 #endif
 
+// Variants with a short-split kernel (constants.cuh MLA_FP8_SHORT_SPLIT_KEYS): fp8 split variants of
+// the 64-row path.
+template <class Cache, int NUM_HEADS, bool SPLIT>
+constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS> && SPLIT;
+
+// The most keys one split of this launch can get: split_range's whole tiles per split for the longest
+// request the caller announces (max_seq_len, when set and below the block table's capacity) or the
+// block table can address. A performance choice only: either kernel is exact for any seq_lens.
+inline int64_t short_split_keys(const MlaDecodeArgs& a, int page_size) {
+  const int64_t capacity = int64_t(a.max_pages_per_seq) * page_size;
+  const int64_t bound = a.max_seq_len > 0 && a.max_seq_len < capacity ? a.max_seq_len : capacity;
+  const int64_t tiles = (bound + kBlockN - 1) / kBlockN;
+  return (tiles + a.num_kv_splits - 1) / a.num_kv_splits * kBlockN;
+}
+
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 int launch(const MlaDecodeArgs* args) {
   static_assert(NUM_HEADS >= 1 && PAGE_SIZE >= 1, "variant fields must be positive");
   if (args == nullptr || args->abi_version != MLA_ABI_VERSION) return int(cudaErrorInvalidValue);
   const MlaDecodeArgs& a = *args;
   if (a.batch < 0 || a.q_len < 1 || a.num_heads < 1 || a.num_heads > NUM_HEADS || a.num_kv_splits < 1 ||
-      a.num_kv_splits > 65535 || (!SPLIT && a.num_kv_splits != 1) || a.max_pages_per_seq < 1) {
+      a.num_kv_splits > 65535 || (!SPLIT && a.num_kv_splits != 1) || a.max_pages_per_seq < 1 || a.max_seq_len < 0) {
     return int(cudaErrorInvalidValue);
   }
   if (CacheTypes<Cache>::kFp8 && a.k_scale_ptr == nullptr && !(a.k_scale > 0.f && a.k_scale < INFINITY)) {
@@ -157,11 +172,19 @@ int launch(const MlaDecodeArgs* args) {
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+  int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
+  static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
   }
-  const int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
-  static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
+  if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) {
+    if (short_split_keys(a, PAGE_SIZE) <= MLA_FP8_SHORT_SPLIT_KEYS) {
+      using ShortStorage = KernelStorage<Cache, NUM_HEADS, true>;
+      static_assert(sizeof(ShortStorage) + 1024 <= 227 * 1024, "shared memory per CTA");
+      kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, true>;
+      smem_bytes = int(sizeof(ShortStorage)) + 1024;
+    }
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return int(err);
   kernel<<<dim3(unsigned(grid_x), grid_y, 1), KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes,

@@ -24,7 +24,7 @@ namespace mla {
 
 using namespace cute;
 
-// kTileN: KV tokens per tile, kBlockN (64) except for the fp8 variants under MLA_FP8_TILE32 (32). P
+// kTileN: KV tokens per tile, kBlockN (64) except in the short-split fp8 kernel (kShortTileN, 32). P
 // (64 x kTileN) is one 128-byte swizzle atom wide at 64 tokens and a 64-byte one at 32 (p_offset).
 template <class Element, int kTileN = kBlockN>
 struct KernelLayouts {
@@ -72,19 +72,20 @@ struct CacheTypes<cutlass::float_e4m3_t> {
 };
 constexpr float kFp8QPrescale = 1.f / 256.f;
 
-// 72 KiB Q + 2 x 72 KiB KV ring (fp8 under MLA_FP8_TILE32: 4 x 36 KiB of 32 tokens) + row statistics
+// 72 KiB Q + 2 x 72 KiB KV ring (kShort, the short-split fp8 kernel: 4 x 36 KiB of 32 tokens) + row statistics
 // and barriers: 216 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
 // tokens) is the contiguous 8 KiB at byte offset c * 8192 (4 KiB at c * 4096 for 32 tokens),
 // because the swizzle atoms are laid out column-block-major. The consumer writes a tile's P into the
 // tile's own RoPE sub-tile (read by S only; P is 64 x 64 in the same swizzle, or 64 x 32 in the
 // 64-byte one: p_offset).
-template <class Cache>
+template <class Cache, bool kShort = false>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
+  static_assert(!kShort || Types::kFp8, "short tiles: the fp8 kernel of short splits (constants.cuh)");
   static constexpr int kRowsPerCta = kBlockM;
-  static constexpr int kTileN = Types::kFp8 ? kBlockNFp8 : kBlockN;  // KV tokens per tile
-  static constexpr int kRing = Types::kFp8 ? kStagesFp8 : kStages;   // tile t in stage t % kRing
+  static constexpr int kTileN = kShort ? kShortTileN : kBlockN;  // KV tokens per tile
+  static constexpr int kRing = kShort ? kShortStages : kStages;  // tile t in stage t % kRing
   static constexpr bool kRegWiden = false;  // fp8: the producer's widening warps widen in shared memory
   // setmaxnreg budgets (constants.cuh)
   static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
@@ -210,13 +211,13 @@ struct SharedStorageStFp8 {
   __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return raw_offset(row, chunk); }
 };
 
-// The shared storage a variant's kernel uses.
-template <class Cache, int NUM_HEADS>
+// The shared storage a variant's kernel uses (kShort: the 64-row path's short-split fp8 kernel).
+template <class Cache, int NUM_HEADS, bool kShort = false>
 using KernelStorage = std::conditional_t<
     kUseSt<NUM_HEADS>,
     std::conditional_t<CacheTypes<Cache>::kFp8, SharedStorageStFp8<kRowBlock<NUM_HEADS>>,
                        SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>>,
-    SharedStorage<Cache>>;
+    SharedStorage<Cache, kShort>>;
 
 // The RoPE sub-tile of a KV stage of kTileN tokens, where the seesaw consumer keeps the tile's P.
 template <int kTileN = kBlockN, class Element>

@@ -257,7 +257,7 @@ __device__ __forceinline__ void widen_barrier() {
 // 4) j of every slot (a warp: 8 rows x 64 bytes per instruction) and arrives on the slot's "raw bytes
 // landed" barrier (Storage::raw_landed). Raw row m of a slot sits at Storage::kRawSlotOffset + 64 m:
 // the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages; 4 of 32 tokens
-// under MLA_FP8_TILE32), a 4 KiB raw slot of the transposed path's ring (128 copy threads, 4 stages).
+// in the short-split kernel), a 4 KiB raw slot of the transposed path's ring (128 copy threads, 4 stages).
 // Pages are looked up one tile ahead; rows past kv_end are zero bytes.
 template <int PAGE_SIZE, int kCopyThreads, class Storage>
 __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
@@ -372,7 +372,7 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
   }
 }
 
-// 32-token tiles (MLA_FP8_TILE32): a slot is 4 KiB of fp16 (rows of 128 bytes in atoms of 8 rows) and
+// 32-token tiles (the short-split kernel, constants.cuh MLA_FP8_SHORT_SPLIT_KEYS): a slot is 4 KiB of fp16 (rows of 128 bytes in atoms of 8 rows) and
 // raw row m sits at [2048 + 64 m, 2048 + 64 m + 64), so rows 0-15 widen without touching any raw byte
 // and rows 16-31 overwrite all of them. Thread w widens quarter k = w % 4 (16 values) of row r = w / 4
 // and of row r + 16, three slots per barrier.
