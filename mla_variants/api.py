@@ -87,14 +87,24 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
     shorter requests get shorter pieces, since the kernel cuts each request's own keys into this many
     equal runs of 64-key tiles) and at most HEURISTIC_MAX_SPLITS (64: beyond it the combine costs more
-    than the finer split saves); never less than 1. Pure arithmetic, never raises. Measured on an H200
-    in docs/perf-notes.md ("split heuristic").
+    than the finer split saves); never less than 1. Measured on an H200 in docs/perf-notes.md ("split
+    heuristic"). All arguments are ints (not bools): batch and max_seq_len >= 0, the others >= 1;
+    raises MLAInputError naming the argument otherwise.
     """
-    ctas = batch * math.ceil(num_heads * q_len / _rows_per_cta(num_heads))
+    for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("max_seq_len", max_seq_len),
+                    ("num_sms", num_sms)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("batch", "max_seq_len") else 1):
+            _fail(name, "a non-negative int" if name in ("batch", "max_seq_len") else "a positive int", repr(v))
+    return _default_splits(batch, num_heads, q_len, max_seq_len, num_sms)
+
+
+def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int) -> int:
+    """default_num_kv_splits on arguments already known to be in range (the per-call path)."""
+    ctas = batch * -(-(num_heads * q_len) // _rows_per_cta(num_heads))
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
-    by_len = max(1, math.ceil(max_seq_len / BLOCK_N) // 2)
+    by_len = max(1, -(-max_seq_len // BLOCK_N) // 2)  # integer ceil: any int, however large
     return max(1, min(by_sms, by_len, HEURISTIC_MAX_SPLITS))
 
 
@@ -407,7 +417,7 @@ def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None
     qn_st, qp_st = c.qn_st, c.qp_st
     ws_ptr = workspace.data_ptr() if workspace_bytes else 0
     return [(l.symbol, _binding.pack_args(
-        c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits, min(max_seq_len, 2**31 - 1),
+        c.batch, c.q_len, l.num_heads, c.max_pages, num_kv_splits, max_seq_len,
         c.qn_ptr + l.head_start * qn_st[2] * 2, qn_st[0], qn_st[1], qn_st[2],
         c.qp_ptr + l.head_start * qp_st[2] * 2, qp_st[0], qp_st[1], qp_st[2],
         c.kv_ptr, c.kv_st[0], c.kv_st[1], c.k_scale, c.k_scale_ptr, c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
@@ -480,9 +490,10 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       VariantNotCompiledError when no compiled variant serves (page_size, dtype); LibraryNotBuiltError
       when the kernels were never built; RuntimeError carrying the CUDA error when a launch fails.
     """
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or not 1 <= max_seq_len <= 2**31 - 1):
+        _fail("max_seq_len", "None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens)", repr(max_seq_len))
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
-    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
-        _fail("max_seq_len", "a positive int (an upper bound of seq_lens)", repr(max_seq_len))
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
         _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
     if c.out is None:
@@ -513,7 +524,7 @@ def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
     if num_kv_splits is not None:
         return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
     bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
-    n = default_num_kv_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
+    n = _default_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
     if n > 1:
         try:
             return lib.plan(c.num_heads, c.page_size, dtype, True), n

@@ -147,8 +147,8 @@ def test_self_overlapping_outputs_are_rejected():
 
 
 def test_max_seq_len_wrong_type_is_an_input_error():
-    """max_seq_len is never validated: a str gives TypeError, nan ValueError, inf OverflowError from
-    inside the split heuristic."""
+    """A max_seq_len of the wrong type is an MLAInputError on real GPU tensors too (a str once gave
+    TypeError, nan ValueError and inf OverflowError from inside the split heuristic)."""
     h, p, d, _ = _pick()
     case = make_paged_case([100], h, p, 1, DT[d], generator=torch.Generator().manual_seed(7))
     for bad in ("4096", float("nan"), float("inf")):

@@ -16,7 +16,7 @@ def _args(**over):
 
 
 def _err(**over):
-    kw = {k: over.pop(k) for k in list(over) if k in ("num_kv_splits", "out", "lse", "workspace")}
+    kw = {k: over.pop(k) for k in list(over) if k in ("num_kv_splits", "max_seq_len", "out", "lse", "workspace")}
     a = _args(**over)
     with pytest.raises(MLAInputError) as e:
         mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], **kw)
@@ -216,3 +216,27 @@ def test_plan_rejects_a_cache_dtype_it_cannot_serve(dtype, kv_dtype, words):
     from mla_variants import MLADecodePlan
     with pytest.raises(MLAInputError, match=re.escape(words)):
         MLADecodePlan(4, 16, 64, dtype=dtype, kv_dtype=kv_dtype)
+
+@pytest.mark.parametrize("value", [True, 0, -1, 3.0, float("nan"), "4096", 2**31, 2**1100])
+def test_max_seq_len_is_checked_first(value):
+    """max_seq_len (it picks the split count and the fp8 kernel, and goes into the C struct as int32) is
+    refused before anything else is looked at, so a CPU machine sees it too."""
+    assert "max_seq_len: expected None or an int from 1 to 2**31 - 1" in _err(max_seq_len=value)
+
+
+@pytest.mark.parametrize("name,value", [("batch", -1), ("batch", 1.5), ("num_heads", 0), ("num_heads", float("nan")),
+                                        ("q_len", True), ("max_seq_len", float("inf")), ("max_seq_len", -5),
+                                        ("max_seq_len", None), ("num_sms", "132")])
+def test_default_num_kv_splits_names_a_bad_argument(name, value):
+    from mla_variants import default_num_kv_splits
+    args = dict(batch=1, num_heads=16, q_len=1, max_seq_len=4096, num_sms=132)
+    args[name] = value
+    with pytest.raises(MLAInputError, match=f"^{name}: expected"):
+        default_num_kv_splits(**args)
+
+
+def test_default_num_kv_splits_takes_any_int_length():
+    """Integer arithmetic: a length far beyond float range still gives the capped split count."""
+    from mla_variants import default_num_kv_splits
+    assert default_num_kv_splits(1, 16, 1, 2**1100, 132) == 64
+    assert default_num_kv_splits(1, 16, 1, 0, 132) == 1
