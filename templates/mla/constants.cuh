@@ -55,7 +55,8 @@
 // kernel (perf-notes v3.16) finds with 0 each math warpgroup waiting a third of its time for the
 // other's softmax, and with S first and tile a still released before the softmax of tile b (tried in
 // v3.16: 1.014, and 1.018 for bf16) the math warps waiting for widened tiles instead: two fp16 stages
-// do not hide a slot's refill (release, copy, widen), so no order helps until the ring is deeper.
+// do not hide a slot's refill (release, copy, widen). A deeper ring (four stages of 32 tokens, v3.17)
+// pays only on short splits, so it became the short-split kernel below.
 #ifndef MLA_FP8_S_FIRST
 #define MLA_FP8_S_FIRST 0
 #endif
@@ -135,13 +136,15 @@ constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 r
 // is latency-bound: its first tile lands and is widened in half the time. Longer splits keep 64-token
 // tiles, whose wider wgmmas and fewer barriers win once the work is long. Measured (docs/perf-notes.md
 // v3.17, 74 fp8 anchors at 32-128 heads, L2 flushed): at 128 keys per split the 64-token kernel takes
-// 1.03-1.08x the short one's time; at 256 0.98-1.01x; at 512 and more the short one is 3-17% slower.
-// Replayed back to back in a CUDA graph (the cache then stays in L2) the short kernel is 4-6% slower
+// 1.03-1.08x the short one's time; at 256 0.98-1.01x; at 512 and more the short one is 3-19% slower.
+// Replayed back to back in a CUDA graph (the cache then stays in L2) the short kernel is 4-8% slower
 // at 128 keys and 7-10% at 256: the default keeps it to the 128-key splits, where cold calls gain.
 // 0 turns it off.
 #ifndef MLA_FP8_SHORT_SPLIT_KEYS
 #define MLA_FP8_SHORT_SPLIT_KEYS 128
 #endif
+static_assert(MLA_FP8_SHORT_SPLIT_KEYS >= 0 && MLA_FP8_SHORT_SPLIT_KEYS % 64 == 0,
+              "MLA_FP8_SHORT_SPLIT_KEYS: 0 or a multiple of 64 (splits are whole 64-key tiles)");
 constexpr int kShortTileN = 32;       // KV tokens per tile of the short-split fp8 kernel
 constexpr int kShortStages = 4;       // its fp16 stages
 constexpr int kSubTileCols = 64;      // a tile lands in 64-column sub-tiles (one swizzle atom wide)
