@@ -79,6 +79,16 @@
 #endif
 constexpr bool kFp8L2Prefetch = MLA_FP8_L2_PREFETCH != 0;
 
+// MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
+// warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
+// as fp16. What the kernel would take if widening were free: with S first too, whether the widening
+// is what keeps fp8 at 128 heads 1.31x slower than bf16 (perf-notes v3.17 Next). Benchmark without
+// --check; never a default.
+#ifndef MLA_FP8_PROBE_NO_WIDEN
+#define MLA_FP8_PROBE_NO_WIDEN 0
+#endif
+constexpr bool kFp8ProbeNoWiden = MLA_FP8_PROBE_NO_WIDEN != 0;
+
 // MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of
 // `out` through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged) instead
 // of straight from the accumulators; split kernels (even run with one split) keep the direct stores.

@@ -351,6 +351,13 @@ __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int hal
 template <int kN, class Storage>
 __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int stage,
                                             int c0, int parity, int r, int half) {
+  if constexpr (kFp8ProbeNoWiden) {  // timing probe: hand the raw slots on unconverted (constants.cuh)
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+    return;
+  }
   uint4 raw[kN][4];
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
@@ -379,6 +386,13 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
 template <int kN, class Storage>
 __device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int stage, int c0, int parity, int r, int k) {
   static_assert(Storage::kTileN == 32, "32-token slots");
+  if constexpr (kFp8ProbeNoWiden) {  // timing probe: hand the raw slots on unconverted (constants.cuh)
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+    return;
+  }
   constexpr int kSlotBytes = 32 * kSubTileCols * 2;
   uint4 raw[kN][2];
   CUTE_UNROLL
