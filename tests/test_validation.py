@@ -91,6 +91,35 @@ def test_packed_args_match_the_c_struct_layout():
     assert len(_binding.pack_args(*values)) == ctypes.sizeof(_binding.MlaDecodeArgs)
 
 
+def test_packed_args_match_the_c_header(tmp_path):
+    """The ctypes mirror against templates/mla/abi.h itself: a C program prints every field's offset
+    and the struct's size (a field added on one side only would shift every later one)."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from mla_variants import _binding
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    root = Path(__file__).resolve().parents[1]
+    names = [n for n, _ in _binding.MlaDecodeArgs._fields_]
+    prints = "".join(f'  printf("{n} %zu\\n", offsetof(MlaDecodeArgs, {n}));\n' for n in names)
+    src = tmp_path / "abi_offsets.c"
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "mla/abi.h"\nint main(void) {\n' + prints +
+                   '  printf("sizeof %zu\\n", sizeof(MlaDecodeArgs));\n  printf("version %d\\n", MLA_ABI_VERSION);\n'
+                   '  return 0;\n}\n')
+    exe = tmp_path / "abi_offsets"
+    p = subprocess.run([cc, f"-I{root / 'templates'}", "-o", str(exe), str(src)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines())
+    for n in names:
+        assert int(got[n]) == getattr(_binding.MlaDecodeArgs, n).offset, n
+    assert int(got["sizeof"]) == ctypes.sizeof(_binding.MlaDecodeArgs)
+    assert int(got["version"]) == _binding.ABI_VERSION
+
+
 def test_workspace_size_rejects_bools():
     from mla_variants import workspace_size
     with pytest.raises(MLAInputError, match="batch: expected a non-negative int, got True"):
