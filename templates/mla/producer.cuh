@@ -344,6 +344,15 @@ __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int hal
   for (int k = 0; k < 2; ++k) widen16<kBlockN>(slot_base, row, 32 * half + 16 * k, v[k]);
 }
 
+// MLA_FP8_PROBE_NO_WIDEN (a timing probe, wrong results): kN slots handed to the math unconverted.
+template <int kN, class Storage>
+__device__ __forceinline__ void hand_on_raw_slots(Storage& s, int stage, int c0, int parity) {
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+}
+
 // Widens kN consecutive slots of a stage together: all their raw halves are loaded up front (one
 // shared-memory round trip instead of two per slot), rows r widened, one barrier of the widening
 // threads for all kN slots, then rows r + 32. Per-slot serial latency (raw wait, load, convert,
@@ -351,11 +360,8 @@ __device__ __forceinline__ void widen_half_row(char* slot_base, int row, int hal
 template <int kN, class Storage>
 __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int stage,
                                             int c0, int parity, int r, int half) {
-  if constexpr (kFp8ProbeNoWiden) {  // timing probe: hand the raw slots on unconverted (constants.cuh)
-    CUTE_UNROLL
-    for (int i = 0; i < kN; ++i) wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
-    CUTE_UNROLL
-    for (int i = 0; i < kN; ++i) arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+  if constexpr (kFp8ProbeNoWiden) {  // timing probe (constants.cuh)
+    hand_on_raw_slots<kN>(s, stage, c0, parity);
     return;
   }
   uint4 raw[kN][4];
@@ -386,11 +392,8 @@ __device__ __forceinline__ void widen_slots(Storage& s, char* stage_base, int st
 template <int kN, class Storage>
 __device__ __forceinline__ void widen_slots32(Storage& s, char* stage_base, int stage, int c0, int parity, int r, int k) {
   static_assert(Storage::kTileN == 32, "32-token slots");
-  if constexpr (kFp8ProbeNoWiden) {  // timing probe: hand the raw slots on unconverted (constants.cuh)
-    CUTE_UNROLL
-    for (int i = 0; i < kN; ++i) wait_barrier(&s.raw_full[stage * kSubTiles + c0 + i], parity);
-    CUTE_UNROLL
-    for (int i = 0; i < kN; ++i) arrive_barrier(&s.kv_full[stage * kSubTiles + c0 + i]);
+  if constexpr (kFp8ProbeNoWiden) {  // timing probe (constants.cuh)
+    hand_on_raw_slots<kN>(s, stage, c0, parity);
     return;
   }
   constexpr int kSlotBytes = 32 * kSubTileCols * 2;
