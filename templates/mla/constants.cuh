@@ -79,6 +79,23 @@
 #endif
 constexpr bool kFp8L2Prefetch = MLA_FP8_L2_PREFETCH != 0;
 
+// MLA_FP8_LDG_WIDEN (default 0, prepared for an A/B, not GPU-run): the 64-row fp8 path's producer
+// loads each thread's raw e4m3 bytes from global memory into registers (MLA_FP8_LDG_AHEAD slots ahead
+// of the slot it is storing), widens them there and stores only fp16 into the stage (producer.cuh
+// produce_fp8_ldg), instead of copying the raw bytes into shared memory and widening them in place.
+// A model of the tile's shared-memory traffic (perf-notes v3.17): S's m64n64k16 wgmmas read 4 KiB per
+// 32 cycles, all of the 128 B/clock an SM's shared memory gives; P V reads 80 B/clock; what the ring's
+// refill adds comes out of S's time once P V's slack is spent. bf16 adds 72 KiB per 64-token tile
+// (TMA's writes), in-place fp8 widening 144 KiB (raw write, raw read, fp16 write): about 1.24x
+// bf16's tile time at 128 heads, where fp8 measures 1.31x. Through registers fp8 adds bf16's 72 KiB.
+#ifndef MLA_FP8_LDG_WIDEN
+#define MLA_FP8_LDG_WIDEN 0
+#endif
+#ifndef MLA_FP8_LDG_AHEAD
+#define MLA_FP8_LDG_AHEAD 4   // slots whose loads are in flight (8 registers each at 64 tokens)
+#endif
+constexpr bool kFp8LdgWiden = MLA_FP8_LDG_WIDEN != 0;
+
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
 // warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
 // as fp16. What the kernel would take if widening were free: with S first too, whether the widening
@@ -174,7 +191,8 @@ static_assert(kStMathWgsFp8 == 2 || kStMathWgsFp8 == 3, "MLA_FP8_ST_WGS: 2 or 3"
 // warpgroups get 152 (32 / 160 spilled in the producer of the page-1 split variants).
 constexpr int kProducerRegsSt3 = 56;
 constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 152
-constexpr int kProducerRegsFp8 = 80;  // fp8 producer (copy + widen warps): 48 spilled; widening slot pairs needs 80
+constexpr int kProducerRegsFp8 = kFp8LdgWiden ? 88 : 80;  // fp8 producer (copy + widen warps): 48 spilled; widening
+                                                            // slot pairs needs 80; MLA_FP8_LDG_WIDEN's loads 88
 constexpr int kMathRegsFp8 = 208;
 
 constexpr int kChunkElems = 8;        // 16-byte copy chunk, in 16-bit elements

@@ -436,6 +436,81 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
   }
 }
 
+// 16 bytes of the cache, not kept in L1. Not .nc on purpose: a coherent load stays behind the slot's
+// fence (MEMBAR) before it, so ptxas cannot hoist every slot's loads of a tile to its start (it did
+// with .nc: 18 loads in flight, 72 registers, spills), and MLA_FP8_LDG_AHEAD bounds what is in flight.
+__device__ __forceinline__ uint4 ld_raw16(const char* src) {
+  uint4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(src));
+  return v;
+}
+
+// MLA_FP8_LDG_WIDEN (constants.cuh): all 128 producer threads own kPerRow-th of a token row of every
+// tile (2 threads per row of 64 tokens, 4 per row of 32), load their raw bytes of slot c + kAhead
+// while they wait to store slot c, widen in registers and store fp16 only: no raw bytes in shared
+// memory, no raw_full barriers, no widening barrier. The loads run kAhead slots ahead across tile
+// boundaries (the next tile's row is looked up a tile early); each slot's kv_full counts the 128
+// producer threads. buf is indexed only with compile-time constants, so it stays in registers, and
+// only the kAhead slots in flight are live.
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_fp8_ldg(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int kv_begin,
+                                                int kv_end, int num_tiles, int ptid) {
+  constexpr int kTileN = Storage::kTileN;
+  constexpr int kPerRow = kProducerThreads / kTileN;  // threads per token row: 2 or 4
+  constexpr int kVals = kSubTileCols / kPerRow;       // e4m3 values per thread per slot: 32 or 16
+  constexpr int kLd = kVals / 16;                     // 16-byte loads per thread per slot
+  constexpr int kAhead = MLA_FP8_LDG_AHEAD;
+  constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
+  static_assert(kProducerThreads % kTileN == 0 && kLd >= 1 && kAhead >= 1 && kAhead < kSubTiles, "LDG widening");
+  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  const char* cache = static_cast<const char*>(a.kv_cache);
+  const int row = ptid / kPerRow, part = ptid % kPerRow;
+  load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  cp_async_commit();
+  cp_async_commit();  // an empty group: load_q_block_fp8 waits for all but the newest group
+  // This thread's row of tile t (values part * kVals ..). A row past kv_end (and every row of the
+  // tiles past the last, which the look-ahead touches) reads the split's last key instead: a masked
+  // key's P is exactly 0 and its V row finite (never the NaN-poisoned slots past seq_len), so no
+  // load needs a predicate or a zero fill.
+  auto row_of = [&](int t) -> const char* {
+    const int token = min(kv_begin + t * kTileN + row, kv_end - 1);
+    return cache + int64_t(table[token / PAGE_SIZE]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token +
+           part * kVals;
+  };
+  uint4 buf[kSubTiles][kLd];
+  auto load = [&](const char* src, int c, uint4 (&dst)[kLd]) {
+    CUTE_UNROLL
+    for (int j = 0; j < kLd; ++j) dst[j] = ld_raw16(src + c * kSubTileCols + 16 * j);
+  };
+  const char* src = row_of(0);
+  CUTE_UNROLL
+  for (int c = 0; c < kAhead; ++c) load(src, c, buf[c]);  // tile 0's first slots before Q is rounded
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
+  arrive_barrier(&s.q_full);
+  const char* next = row_of(1);
+#pragma unroll 1
+  for (int t = 0; t < num_tiles; ++t) {
+    const int stage = t % Storage::kRing;
+    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
+    char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
+    CUTE_UNROLL
+    for (int c = 0; c < kSubTiles; ++c) {
+      const int ca = c + kAhead;  // slot c + kAhead: this tile's, or (past slot 8) the next one's
+      load(ca < kSubTiles ? src : next, ca % kSubTiles, buf[ca % kSubTiles]);
+      wait_barrier(&s.kv_empty[stage * kSubTiles + c], empty_parity);
+      CUTE_UNROLL
+      for (int j = 0; j < kLd; ++j) widen16<kTileN>(stage_base + c * kSlotBytes, row, part * kVals + 16 * j, buf[c][j]);
+      fence_proxy_async_shared();  // widened stores -> the math warpgroups' wgmma reads (writer side)
+      arrive_barrier(&s.kv_full[stage * kSubTiles + c]);
+    }
+    src = next;
+    next = row_of(t + 2);
+  }
+}
+
 // Storage: SharedStorage<float_e4m3_t> (the 64-row path; the transposed path takes produce_fp8_ring).
 // Q's copies go first, as their own cp.async group, so that neither their issue waits for the
 // block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8): measured 0.951 over 58 fp8
