@@ -13,7 +13,22 @@ the upper-row (raw-overwriting) widen writes only after both widen warps read th
 end every barrier must be between phases (no partial arrivals). A deadlock, a stale pass, an
 over-arrival or a data race is reported per configuration.
 
-    python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200]   # 200: minutes; CI runs 6
+producer="ldg" models produce_fp8_ldg instead (MLA_FP8_LDG_WIDEN; kernel.cuh then inits kv_full with
+kProducerThreads = 128 and never uses raw_full): the 4 producer warps (agents ldg0..ldg3, 32 arrivals
+each; layout "single": one agent of 128 threads in lockstep) arrive q_full first, then for each tile t
+and slot c: load slot c + kAhead (this tile's, or the next one's past slot 8) into registers (no
+barrier; the model tracks each warp's buf[] and checks that the store of (t, c) finds (t, c) there and
+that no load overwrites a buffer not yet stored), wait kv_empty[stage(t), c] (parity
+((t / ring) & 1) ^ 1), store the widened rows (must follow every math read of tile t - ring in that
+slot), arrive kv_full. A math read needs every producer writer's store and arrival for the slot.
+kAhead cycles over 1..8 with the seed. mutation= (ldg only) injects a bug the checks must catch:
+  full64       kv_full initialised with 64 arrivals instead of 128
+  early_wait   past slot 8 the look-ahead also waits kv_empty of tile t + 1's slot (as if it copied
+               t + 1 into shared memory before finishing t)
+  store_first  the store into slot c comes before the kv_empty wait
+
+    python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
+    # 200: minutes; CI runs main(6): 12 configurations (6 widen, 6 ldg)
 """
 import random
 import sys
@@ -47,9 +62,20 @@ class NB:  # hardware named barrier, units = agents
             s.arrived = set(); s.gen += 1
 
 class Sim:
-    def __init__(s, n, ring, sfirst, queue_s, groups, rng, policy):
+    def __init__(s, n, ring, sfirst, queue_s, groups, rng, policy, producer="widen", layout="warps",
+                 kahead=4, mutation=None):
         s.n, s.ring, s.rng, s.policy = n, ring, rng, policy
-        s.kv_full = [MB(f"kv_full[{i}]", 64) for i in range(ring * NSUB)]
+        s.producer, s.mutation, s.kahead = producer, mutation, kahead
+        if producer == "ldg":
+            assert 1 <= kahead < NSUB
+            # produce_fp8_ldg: kv_full counts kProducerThreads (128) = 4 warps x 32, or one group of 128
+            s.nwriters, s.full_arrive = (4, 32) if layout == "warps" else (1, 128)
+            full_count = 64 if mutation == "full64" else 128
+        else:
+            assert mutation is None
+            s.nwriters, s.full_arrive = 2, 32  # two widening warps; kv_full counts kFp8WidenThreads = 64
+            full_count = 64
+        s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
         s.q_full = MB("q_full", 128)
@@ -60,17 +86,18 @@ class Sim:
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
         s.copied = {}               # (t, slot) -> copy warps that issued
         s.raw_read = {}             # (t, slot) -> widen warps that read raw
-        s.widened = {}              # (t, slot) -> widen warps that wrote all rows
+        s.widened = {}              # (t, slot) -> producer writers (widen / ldg agents) that wrote all rows
+        s.full_arrived = {}         # (t, slot) -> producer writers that arrived on kv_full
         s.reads_done = {}           # (t, slot) -> set of (reader) completed
         s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
         s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
         s.maxlead = {}
         s.sfirst, s.queue_s, s.groups = sfirst, queue_s, groups
-        s.agents = {
-            "copy0": s.copy(0), "copy1": s.copy(1),
-            "widen0": s.widen(0), "widen1": s.widen(1),
-            "wg0": s.math(0), "wg1": s.math(1),
-        }
+        if producer == "ldg":
+            s.agents = {f"ldg{w}": s.ldg(w) for w in range(s.nwriters)}
+        else:
+            s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
+        s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
         s.blocked = {}
         s.progress = {k: -1 for k in s.agents}
 
@@ -115,8 +142,43 @@ class Sim:
                 yield ("nb_sync", s.nb["W8"], f"widen{w}")
                 for c in grp:
                     yield ("check_upper_write", t, c, w)
-                    yield ("arrive", s.kv_full[stage * NSUB + c], 32)
+                    yield ("arrive_full", s.kv_full[stage * NSUB + c], 32, (t, c))
             s.progress[f"widen{w}"] = t
+
+    # ---------------- produce_fp8_ldg (MLA_FP8_LDG_WIDEN): one agent per producer warp (or one of 128)
+    def ldg(s, w):
+        K, n, ring, mut = s.kahead, s.n, s.ring, s.mutation
+        buf = {}        # register buffer index -> (tile, slot) its loads hold
+        stored = set()  # (tile, slot) this warp has stored
+        def load(idx, tile):
+            old = buf.get(idx)
+            if old is not None and old[0] < n and old not in stored:
+                raise Err(f"ldg{w}: load of tile {tile} slot {idx} overwrites buf[{idx}] = {old} before it was stored")
+            buf[idx] = (tile, idx)
+        src, nxt = 0, 1   # row_of(0), row_of(1): tiles >= n are the clamped look-ahead, never stored
+        for c in range(K):
+            load(c, src)  # tile 0's first slots before Q is rounded
+        yield ("arrive", s.q_full, s.full_arrive)
+        for t in range(n):
+            stage = t % ring
+            empty_parity = ((t // ring) & 1) ^ 1
+            for c in range(NSUB):
+                ca = c + K
+                load(ca % NSUB, src if ca < NSUB else nxt)
+                if mut == "early_wait" and ca >= NSUB and t + 1 < n:
+                    t1 = t + 1
+                    yield ("wait", s.kv_empty[(t1 % ring) * NSUB + ca - NSUB], ((t1 // ring) & 1) ^ 1, t1 // ring,
+                           f"ldg{w} t{t} early wait t{t1} c{ca - NSUB}")
+                slot = stage * NSUB + c
+                if buf.get(c) != (t, c):
+                    raise Err(f"ldg{w}: store of tile {t} slot {c} finds buf[{c}] = {buf.get(c)}")
+                wait = ("wait", s.kv_empty[slot], empty_parity, t // ring, f"ldg{w} t{t} c{c}")
+                store = ("ldg_store", t, c, w)
+                yield from ((store, wait) if mut == "store_first" else (wait, store))
+                stored.add((t, c))
+                yield ("arrive_full", s.kv_full[slot], s.full_arrive, (t, c))
+            src, nxt = nxt, t + 2
+            s.progress[f"ldg{w}"] = t
 
     # ---------------- math warpgroups (consume_two_stage)
     def issue_s(s, wg, t, stage, parity):
@@ -211,6 +273,20 @@ class Sim:
             return False
         if k == "arrive":
             op[1].arrive(op[2]); return True
+        if k == "arrive_full":
+            _, mb, cnt, tc = op
+            s.full_arrived[tc] = s.full_arrived.get(tc, 0) + 1
+            mb.arrive(cnt); return True
+        if k == "ldg_store":
+            _, t, c, w = op
+            if t >= s.ring:
+                prev = t - s.ring
+                need = s.required_readers(prev, c)
+                got = s.reads_done.get((prev, c), set())
+                if not need <= got:
+                    raise Err(f"ldg{w} stores tile {t} slot {c} over tile {prev} before readers {sorted(need - got)} are done")
+            s.widened[(t, c)] = s.widened.get((t, c), 0) + 1
+            return True
         if k == "async_arrive":
             s.events[op[1]].append((op[2], op[3], op[4])); return True
         if k == "nb_arrive":
@@ -228,7 +304,7 @@ class Sim:
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:
-                if s.widened.get((rd[0], c), 0) != 2:
+                if s.widened.get((rd[0], c), 0) != s.nwriters:
                     raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before widened")
             s.pending_reads.setdefault(wg, []).append(rd); return True
         if k == "wgwait":
@@ -267,8 +343,10 @@ class Sim:
             return True
         if k == "check_math_read":
             _, t, c = op
-            if s.widened.get((t, c), 0) != 2:
-                raise Err(f"math reads tile {t} slot {c} before widened")
+            if s.widened.get((t, c), 0) != s.nwriters:
+                raise Err(f"math reads tile {t} slot {c} before widened ({s.widened.get((t, c), 0)} of {s.nwriters} writers)")
+            if s.full_arrived.get((t, c), 0) != s.nwriters:
+                raise Err(f"math reads tile {t} slot {c} after {s.full_arrived.get((t, c), 0)} of {s.nwriters} producer arrivals")
             return True
         if k == "rowmax":
             _, buf, rw, i = op
@@ -298,16 +376,17 @@ class Sim:
             ev = [k for k, q in s.events.items() if q]
             progressed = False
             order = runnable[:]
+            prod = ("copy", "widen", "ldg")
             if s.policy == "random":
                 s.rng.shuffle(order)
             elif s.policy == "producer_first":
-                order.sort(key=lambda k: (0 if k.startswith(("copy", "widen")) else 1, s.rng.random()))
+                order.sort(key=lambda k: (0 if k.startswith(prod) else 1, s.rng.random()))
             elif s.policy == "math_first":
-                order.sort(key=lambda k: (1 if k.startswith(("copy", "widen")) else 0, s.rng.random()))
-            elif s.policy == "wg0_first":
-                order.sort(key=lambda k: ({"wg0": 0, "copy0": 1, "copy1": 1, "widen0": 2, "widen1": 2, "wg1": 3}[k], s.rng.random()))
-            elif s.policy == "wg1_first":
-                order.sort(key=lambda k: ({"wg1": 0, "copy0": 1, "copy1": 1, "widen0": 2, "widen1": 2, "wg0": 3}[k], s.rng.random()))
+                order.sort(key=lambda k: (1 if k.startswith(prod) else 0, s.rng.random()))
+            elif s.policy in ("wg0_first", "wg1_first"):
+                first = s.policy[:3]
+                rank = lambda k: 0 if k == first else (3 if k.startswith("wg") else (2 if k.startswith("widen") else 1))
+                order.sort(key=lambda k: (rank(k), s.rng.random()))
             # fire events lazily: with prob 0.3 before agents, always if nothing else runs
             if ev and s.rng.random() < 0.3:
                 s.fire(s.rng.choice(ev)); progressed = True
@@ -329,7 +408,8 @@ class Sim:
                 raise Err(f"DEADLOCK: {blk}")
             # run-ahead bookkeeping
             p = s.progress
-            lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
+            if s.producer != "ldg":
+                lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
             if steps > max_steps:
                 raise Err("too many steps")
         # everything consumed?
@@ -339,9 +419,11 @@ class Sim:
                 if not need <= s.reads_done.get((t, c), set()):
                     raise Err(f"tile {t} slot {c} not fully read")
         # barriers balanced: every kv_empty has no partial phase
-        for mb in s.kv_empty + s.kv_full + s.raw_full:
+        for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
+        if s.producer == "ldg" and any(mb.phase for mb in s.raw_full):
+            raise Err("raw_full used by the LDG producer")
         return lead
 
     def fire(s, k):
@@ -350,35 +432,51 @@ class Sim:
         mb.arrive(n)
 
 
-def main(nseeds=None):
+def main(nseeds=None, mutation=None, producers=("widen", "ldg")):
+    """One " OK: " line per configuration without errors; returns the number with errors. With a
+    mutation (see the docstring) only the LDG producer's configurations run."""
     if nseeds is None:
-        nseeds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+        nseeds = 200
+    if mutation is not None:
+        producers = ("ldg",)
     configs = []
     # (stages, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens, three slots a
     # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
-    for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
-        for sfirst, queue_s in ((True, False), (False, False), (False, True)):
-            configs.append((ring, sfirst, queue_s, groups))
+    for producer in producers:
+        for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
+            for sfirst, queue_s in ((True, False), (False, False), (False, True)):
+                configs.append((producer, ring, sfirst, queue_s, groups))
     bad = 0
-    for ring, sfirst, queue_s, groups in configs:
+    for producer, ring, sfirst, queue_s, groups in configs:
         errs = {}
+        layouts = ("warps", "single") if producer == "ldg" else ("warps",)
         for n in range(1, 13):
             for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
                 for seed in range(nseeds):
-                    rng = random.Random(seed * 1000 + n)
-                    try:
-                        Sim(n, ring, sfirst, queue_s, groups, rng, policy).run()
-                    except Err as e:
-                        errs.setdefault(str(e)[:200], []).append((n, policy, seed))
-        tag = f"ring={ring} kSFirst={sfirst} QUEUE_S={queue_s}"
+                    for layout in layouts:
+                        rng = random.Random(seed * 1000 + n)
+                        kw = {}
+                        if producer == "ldg":
+                            kw = dict(layout=layout, kahead=(seed + n) % (NSUB - 1) + 1, mutation=mutation)
+                        try:
+                            Sim(n, ring, sfirst, queue_s, groups, rng, policy, producer, **kw).run()
+                        except Err as e:
+                            errs.setdefault(str(e)[:200], []).append((n, policy, seed, layout))
+        tag = f"producer={producer} ring={ring} kSFirst={sfirst} QUEUE_S={queue_s}"
+        if mutation is not None:
+            tag += f" mutation={mutation}"
         if errs:
             bad += 1
             print(tag, "ERRORS:")
             for e, where in list(errs.items())[:5]:
                 print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
         else:
-            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds")
+            extra = ", layouts 4 warps x 32 and 1 x 128, kAhead 1..8" if producer == "ldg" else ""
+            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds" + extra)
     return bad
 
 if __name__ == "__main__":
-    sys.exit(main())
+    args = sys.argv[1:]
+    mut = [x.split("=", 1)[1] for x in args if x.startswith("--mutation=")]
+    nums = [int(x) for x in args if not x.startswith("--")]
+    sys.exit(main(nums[0] if nums else None, mut[0] if mut else None))

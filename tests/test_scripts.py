@@ -32,13 +32,22 @@ def test_store_probe_compiles(tmp_path):
 
 def test_seesaw_protocol_simulation_passes(capsys):
     """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens and the fp8 short-split kernel's four of 32,
-    both seesaw orders and MLA_FP8_QUEUE_S): no deadlock, stale phase, over-arrival or data race over
-    num_tiles 1-12 and five scheduling policies (6 random interleavings each here; the script's
-    default is 200)."""
+    both seesaw orders and MLA_FP8_QUEUE_S), with the in-place widening producer and with
+    MLA_FP8_LDG_WIDEN's register producer (produce_fp8_ldg): no deadlock, stale phase, over-arrival
+    or data race over num_tiles 1-12 and five scheduling policies (6 random interleavings each here;
+    the script's default is 200)."""
     sim = runpy.run_path(str(ROOT / "scripts" / "seesaw_protocol_sim.py"))
     assert sim["main"](6) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert out.count(" OK: ") == 6, out
+    assert out.count(" OK: ") == 12, out
+
+
+def test_seesaw_protocol_simulation_catches_a_wrong_arrival_count(capsys):
+    """The simulation can fail: kv_full initialised for 64 arrivals with the 128-thread register
+    producer is reported (over-arrival or a read before every writer stored)."""
+    sim = runpy.run_path(str(ROOT / "scripts" / "seesaw_protocol_sim.py"))
+    assert sim["main"](2, mutation="full64") != 0
+    capsys.readouterr()
 
 
 def test_tile_layout_check_passes(tmp_path):
