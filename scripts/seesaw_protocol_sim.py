@@ -101,6 +101,15 @@ class Sim:
         s.blocked = {}
         s.progress = {k: -1 for k in s.agents}
 
+    def check_readers_done(s, t, c, what):
+        """Slot c of tile t overwrites tile t - ring's data there: every reader of that use must be done."""
+        if t >= s.ring:
+            prev = t - s.ring
+            need = s.required_readers(prev, c)
+            got = s.reads_done.get((prev, c), set())
+            if not need <= got:
+                raise Err(f"{what} tile {prev} before readers {sorted(need - got)} are done")
+
     # readers that tile t's slot c must see complete before slot reuse
     def required_readers(s, t, c):
         owner = t % 2
@@ -279,12 +288,7 @@ class Sim:
             mb.arrive(cnt); return True
         if k == "ldg_store":
             _, t, c, w = op
-            if t >= s.ring:
-                prev = t - s.ring
-                need = s.required_readers(prev, c)
-                got = s.reads_done.get((prev, c), set())
-                if not need <= got:
-                    raise Err(f"ldg{w} stores tile {t} slot {c} over tile {prev} before readers {sorted(need - got)} are done")
+            s.check_readers_done(t, c, f"ldg{w} stores tile {t} slot {c} over")
             s.widened[(t, c)] = s.widened.get((t, c), 0) + 1
             return True
         if k == "async_arrive":
@@ -317,12 +321,9 @@ class Sim:
             return True
         if k == "check_copy":
             _, t, c, w = op
+            s.check_readers_done(t, c, f"copy{w} (for tile {t}, slot {c}) overwrites")
             if t >= s.ring:
                 prev = t - s.ring
-                need = s.required_readers(prev, c)
-                got = s.reads_done.get((prev, c), set())
-                if not need <= got:
-                    raise Err(f"copy{w} overwrites tile {prev} slot {c} (for tile {t}) before readers {need - got} are done")
                 if s.widened.get((prev, c), 0) != 2:
                     raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
             s.copied.setdefault((t, c), set()).add(w)
