@@ -215,16 +215,17 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 // wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
 // never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
-// The caller (produce_fp8) issued this thread's Q copies and committed them as a group, then tile 0's
-// copies as the next one: only Q's group is waited for.
-template <int NUM_HEADS, int kRows>
+// The caller issued this thread's Q copies and committed them as a group, followed by kGroupsAfterQ
+// more (produce_fp8: tile 0's copies, which stay in flight; produce_fp8_ldg: none): only Q's group
+// is waited for.
+template <int NUM_HEADS, int kRows, int kGroupsAfterQ = 1>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
   // Q's bf16 bytes go by cp.async straight into the fp16 tile (same 2-byte element, same swizzle:
   // all of a thread's copies in flight at once), then each thread rounds the chunks it copied to
   // fp16 (times the prescale) in place. The first version loaded Q through registers, 3 chunks at a
   // time: 12 dependent round trips for 64 rows (docs/perf-notes.md, fp8 v3).
-  cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
+  cp_async_wait_group<kGroupsAfterQ>();  // Q's group; produce_fp8's tile 0 raw bytes stay in flight
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
@@ -469,7 +470,6 @@ __device__ __forceinline__ void produce_fp8_ldg(Storage& s, const MlaDecodeArgs&
   const int row = ptid / kPerRow, part = ptid % kPerRow;
   load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   cp_async_commit();
-  cp_async_commit();  // an empty group: load_q_block_fp8 waits for all but the newest group
   // This thread's row of tile t (values part * kVals ..). A row past kv_end (and every row of the
   // tiles past the last, which the look-ahead touches) reads the split's last key instead: a masked
   // key's P is exactly 0 and its V row finite (never the NaN-poisoned slots past seq_len), so no
@@ -487,7 +487,7 @@ __device__ __forceinline__ void produce_fp8_ldg(Storage& s, const MlaDecodeArgs&
   const char* src = row_of(0);
   CUTE_UNROLL
   for (int c = 0; c < kAhead; ++c) load(src, c, buf[c]);  // tile 0's first slots before Q is rounded
-  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta, /*kGroupsAfterQ=*/0>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   const char* next = row_of(1);
