@@ -1,6 +1,6 @@
 """Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer.cuh), copy_fp8_tiles
 and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at the short-split kernel's four stages of
-32, for both seesaw orders (MLA_FP8_S_FIRST) and MLA_FP8_QUEUE_S.
+32, for both seesaw orders (MLA_FP8_S_FIRST).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -13,22 +13,13 @@ the upper-row (raw-overwriting) widen writes only after both widen warps read th
 end every barrier must be between phases (no partial arrivals). A deadlock, a stale pass, an
 over-arrival or a data race is reported per configuration.
 
-producer="ldg" models produce_fp8_ldg instead (MLA_FP8_LDG_WIDEN; kernel.cuh then inits kv_full with
-kProducerThreads = 128 and never uses raw_full): the 4 producer warps (agents ldg0..ldg3, 32 arrivals
-each; layout "single": one agent of 128 threads in lockstep) arrive q_full first, then for each tile t
-and slot c: load slot c + kAhead (this tile's, or the next one's past slot 8) into registers (no
-barrier; the model tracks each warp's buf[] and checks that the store of (t, c) finds (t, c) there and
-that no load overwrites a buffer not yet stored), wait kv_empty[stage(t), c] (parity
-((t / ring) & 1) ^ 1), store the widened rows (must follow every math read of tile t - ring in that
-slot), arrive kv_full. A math read needs every producer writer's store and arrival for the slot.
-kAhead cycles over 1..8 with the seed. mutation= (ldg only) injects a bug the checks must catch:
-  full64       kv_full initialised with 64 arrivals instead of 128
-  early_wait   past slot 8 the look-ahead also waits kv_empty of tile t + 1's slot (as if it copied
-               t + 1 into shared memory before finishing t)
-  store_first  the store into slot c comes before the kv_empty wait
+mutation= injects a bug the checks must catch (so the simulation can fail):
+  full32         kv_full initialised for one widening warp's 32 arrivals instead of 64
+  early_release  warpgroup 0 releases its half of V (slots 0-3) of tile a right after S(a), before P V(a)
+  no_w8          the widening warps skip the barrier between reading the raw bytes and overwriting them
 
     python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; CI runs main(6): 12 configurations (6 widen, 6 ldg)
+    # 200: minutes; CI runs main(6): 4 configurations
 """
 import random
 import sys
@@ -62,19 +53,11 @@ class NB:  # hardware named barrier, units = agents
             s.arrived = set(); s.gen += 1
 
 class Sim:
-    def __init__(s, n, ring, sfirst, queue_s, groups, rng, policy, producer="widen", layout="warps",
-                 kahead=4, mutation=None):
-        s.n, s.ring, s.rng, s.policy = n, ring, rng, policy
-        s.producer, s.mutation, s.kahead = producer, mutation, kahead
-        if producer == "ldg":
-            assert 1 <= kahead < NSUB
-            # produce_fp8_ldg: kv_full counts kProducerThreads (128) = 4 warps x 32, or one group of 128
-            s.nwriters, s.full_arrive = (4, 32) if layout == "warps" else (1, 128)
-            full_count = 64 if mutation == "full64" else 128
-        else:
-            assert mutation is None
-            s.nwriters, s.full_arrive = 2, 32  # two widening warps; kv_full counts kFp8WidenThreads = 64
-            full_count = 64
+    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None):
+        assert mutation in (None, "full32", "early_release", "no_w8"), mutation
+        s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
+        s.nwriters = 2  # two widening warps; kv_full counts kFp8WidenThreads = 64
+        full_count = 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
@@ -86,17 +69,14 @@ class Sim:
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
         s.copied = {}               # (t, slot) -> copy warps that issued
         s.raw_read = {}             # (t, slot) -> widen warps that read raw
-        s.widened = {}              # (t, slot) -> producer writers (widen / ldg agents) that wrote all rows
+        s.widened = {}              # (t, slot) -> widening warps that wrote all rows
         s.full_arrived = {}         # (t, slot) -> producer writers that arrived on kv_full
         s.reads_done = {}           # (t, slot) -> set of (reader) completed
         s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
         s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
         s.maxlead = {}
-        s.sfirst, s.queue_s, s.groups = sfirst, queue_s, groups
-        if producer == "ldg":
-            s.agents = {f"ldg{w}": s.ldg(w) for w in range(s.nwriters)}
-        else:
-            s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
+        s.sfirst, s.groups = sfirst, groups
+        s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
         s.blocked = {}
         s.progress = {k: -1 for k in s.agents}
@@ -148,46 +128,12 @@ class Sim:
                     yield ("check_raw_read", t, c, w)
                 for c in grp:
                     yield ("check_lower_write", t, c, w)
-                yield ("nb_sync", s.nb["W8"], f"widen{w}")
+                if s.mutation != "no_w8":
+                    yield ("nb_sync", s.nb["W8"], f"widen{w}")
                 for c in grp:
                     yield ("check_upper_write", t, c, w)
                     yield ("arrive_full", s.kv_full[stage * NSUB + c], 32, (t, c))
             s.progress[f"widen{w}"] = t
-
-    # ---------------- produce_fp8_ldg (MLA_FP8_LDG_WIDEN): one agent per producer warp (or one of 128)
-    def ldg(s, w):
-        K, n, ring, mut = s.kahead, s.n, s.ring, s.mutation
-        buf = {}        # register buffer index -> (tile, slot) its loads hold
-        stored = set()  # (tile, slot) this warp has stored
-        def load(idx, tile):
-            old = buf.get(idx)
-            if old is not None and old[0] < n and old not in stored:
-                raise Err(f"ldg{w}: load of tile {tile} slot {idx} overwrites buf[{idx}] = {old} before it was stored")
-            buf[idx] = (tile, idx)
-        src, nxt = 0, 1   # row_of(0), row_of(1): tiles >= n are the clamped look-ahead, never stored
-        for c in range(K):
-            load(c, src)  # tile 0's first slots before Q is rounded
-        yield ("arrive", s.q_full, s.full_arrive)
-        for t in range(n):
-            stage = t % ring
-            empty_parity = ((t // ring) & 1) ^ 1
-            for c in range(NSUB):
-                ca = c + K
-                load(ca % NSUB, src if ca < NSUB else nxt)
-                if mut == "early_wait" and ca >= NSUB and t + 1 < n:
-                    t1 = t + 1
-                    yield ("wait", s.kv_empty[(t1 % ring) * NSUB + ca - NSUB], ((t1 // ring) & 1) ^ 1, t1 // ring,
-                           f"ldg{w} t{t} early wait t{t1} c{ca - NSUB}")
-                slot = stage * NSUB + c
-                if buf.get(c) != (t, c):
-                    raise Err(f"ldg{w}: store of tile {t} slot {c} finds buf[{c}] = {buf.get(c)}")
-                wait = ("wait", s.kv_empty[slot], empty_parity, t // ring, f"ldg{w} t{t} c{c}")
-                store = ("ldg_store", t, c, w)
-                yield from ((store, wait) if mut == "store_first" else (wait, store))
-                stored.add((t, c))
-                yield ("arrive_full", s.kv_full[slot], s.full_arrive, (t, c))
-            src, nxt = nxt, t + 2
-            s.progress[f"ldg{w}"] = t
 
     # ---------------- math warpgroups (consume_two_stage)
     def issue_s(s, wg, t, stage, parity):
@@ -205,7 +151,7 @@ class Sim:
             yield ("arrive", s.kv_empty[stage * NSUB + first + j], 4)
 
     def math(s, wg):
-        ring, sfirst, queue_s = s.ring, s.sfirst, s.queue_s
+        ring, sfirst = s.ring, s.sfirst
         yield ("wait", s.q_full, 0, 1, f"wg{wg} q")
         for i in range((s.n + 1) // 2):
             sa = (2 * i) % ring; sb = sa + 1
@@ -217,12 +163,15 @@ class Sim:
                 yield from s.issue_s(0, a, sa, p0)
                 yield ("wgwait", 0, 0)
                 yield from s.rel(0, sa, 4, 4)
+                if s.mutation == "early_release":
+                    yield from s.rel(0, sa, 0, 4)
                 yield ("rowmax", 0, "w", i)
                 yield ("nb_arrive", s.nb["MaxA"], "wg0")
                 yield ("nb_arrive", s.nb["PA"], "wg0")
                 yield from s.pv(0, a)
                 yield ("wgwait", 0, 0)
-                yield from s.rel(0, sa, 0, 4)
+                if s.mutation != "early_release":
+                    yield from s.rel(0, sa, 0, 4)
                 yield from s.rel(0, sa, NSUB - 1, 1)
                 if has_b:
                     yield ("nb_sync", s.nb["MaxPB"], "wg0")
@@ -239,14 +188,10 @@ class Sim:
                 yield ("nb_sync", s.nb["PA"], "wg1")
                 yield from s.pv(1, a)
                 if not sfirst:
-                    if queue_s and has_b:
-                        yield from s.issue_s(1, b, sb, p1)
-                        yield ("wgwait", 1, 1)
-                    else:
-                        yield ("wgwait", 1, 0)
+                    yield ("wgwait", 1, 0)
                     yield from s.rel(1, sa, 4, 4)
                     yield from s.rel(1, sa, NSUB - 1, 1)
-                    if not queue_s and has_b:
+                    if has_b:
                         yield from s.issue_s(1, b, sb, p1)
                 if has_b:
                     yield ("wgwait", 1, 1 if sfirst else 0)
@@ -286,11 +231,6 @@ class Sim:
             _, mb, cnt, tc = op
             s.full_arrived[tc] = s.full_arrived.get(tc, 0) + 1
             mb.arrive(cnt); return True
-        if k == "ldg_store":
-            _, t, c, w = op
-            s.check_readers_done(t, c, f"ldg{w} stores tile {t} slot {c} over")
-            s.widened[(t, c)] = s.widened.get((t, c), 0) + 1
-            return True
         if k == "async_arrive":
             s.events[op[1]].append((op[2], op[3], op[4])); return True
         if k == "nb_arrive":
@@ -377,7 +317,7 @@ class Sim:
             ev = [k for k, q in s.events.items() if q]
             progressed = False
             order = runnable[:]
-            prod = ("copy", "widen", "ldg")
+            prod = ("copy", "widen")
             if s.policy == "random":
                 s.rng.shuffle(order)
             elif s.policy == "producer_first":
@@ -409,8 +349,7 @@ class Sim:
                 raise Err(f"DEADLOCK: {blk}")
             # run-ahead bookkeeping
             p = s.progress
-            if s.producer != "ldg":
-                lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
+            lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
             if steps > max_steps:
                 raise Err("too many steps")
         # everything consumed?
@@ -423,8 +362,6 @@ class Sim:
         for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
-        if s.producer == "ldg" and any(mb.phase for mb in s.raw_full):
-            raise Err("raw_full used by the LDG producer")
         return lead
 
     def fire(s, k):
@@ -433,37 +370,29 @@ class Sim:
         mb.arrive(n)
 
 
-def main(nseeds=None, mutation=None, producers=("widen", "ldg")):
-    """One " OK: " line per configuration without errors; returns the number with errors. With a
-    mutation (see the docstring) only the LDG producer's configurations run."""
+def main(nseeds=None, mutation=None):
+    """One " OK: " line per configuration without errors; returns the number with errors. mutation: see
+    the docstring (every configuration must then report errors)."""
     if nseeds is None:
         nseeds = 200
-    if mutation is not None:
-        producers = ("ldg",)
     configs = []
     # (stages, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens, three slots a
     # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
-    for producer in producers:
-        for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
-            for sfirst, queue_s in ((True, False), (False, False), (False, True)):
-                configs.append((producer, ring, sfirst, queue_s, groups))
+    for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
+        for sfirst in (True, False):
+            configs.append((ring, sfirst, groups))
     bad = 0
-    for producer, ring, sfirst, queue_s, groups in configs:
+    for ring, sfirst, groups in configs:
         errs = {}
-        layouts = ("warps", "single") if producer == "ldg" else ("warps",)
         for n in range(1, 13):
             for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
                 for seed in range(nseeds):
-                    for layout in layouts:
-                        rng = random.Random(seed * 1000 + n)
-                        kw = {}
-                        if producer == "ldg":
-                            kw = dict(layout=layout, kahead=(seed + n) % (NSUB - 1) + 1, mutation=mutation)
-                        try:
-                            Sim(n, ring, sfirst, queue_s, groups, rng, policy, producer, **kw).run()
-                        except Err as e:
-                            errs.setdefault(str(e)[:200], []).append((n, policy, seed, layout))
-        tag = f"producer={producer} ring={ring} kSFirst={sfirst} QUEUE_S={queue_s}"
+                    rng = random.Random(seed * 1000 + n)
+                    try:
+                        Sim(n, ring, sfirst, groups, rng, policy, mutation).run()
+                    except Err as e:
+                        errs.setdefault(str(e)[:200], []).append((n, policy, seed))
+        tag = f"ring={ring} kSFirst={sfirst}"
         if mutation is not None:
             tag += f" mutation={mutation}"
         if errs:
@@ -472,8 +401,7 @@ def main(nseeds=None, mutation=None, producers=("widen", "ldg")):
             for e, where in list(errs.items())[:5]:
                 print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
         else:
-            extra = ", layouts 4 warps x 32 and 1 x 128, kAhead 1..8" if producer == "ldg" else ""
-            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds" + extra)
+            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds")
     return bad
 
 if __name__ == "__main__":

@@ -151,27 +151,17 @@ _SWITCH_BUILDS = {
     # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
-    # The 64-row fp8 path's prepared switches: the L2 prefetch of the next tile with S first and the
-    # trace (the A/B it is for), and S(b) queued behind P V(a) with the prefetch (with the trace too
-    # it spills 46 bytes, so it is A/B'd by benchmark alone).
-    "fp8-l2-prefetch": ("-DMLA_FP8_L2_PREFETCH=1 -DMLA_FP8_S_FIRST=1 -DMLA_TRACE=1",
-                        ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
-    "fp8-queue-s": ("-DMLA_FP8_QUEUE_S=1 -DMLA_FP8_L2_PREFETCH=1",
-                    ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
     # The fp8 split variants' short-split kernel (32-token tiles in four stages, S first; built by
     # default) under the trace, and a build without it (MLA_FP8_SHORT_SPLIT_KEYS=0, an A/B's control).
     "fp8-short-trace": ("-DMLA_TRACE=1", ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
     "fp8-short-off": ("-DMLA_FP8_SHORT_SPLIT_KEYS=0", ["mla_decode_h64_p64_fp8_e4m3_split"]),
-    # The fp8 producer that widens in registers (both fp8 kernels of a split variant, and a nosplit one).
-    "fp8-ldg-widen": ("-DMLA_FP8_LDG_WIDEN=1", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p1_fp8_e4m3_nosplit"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.
     "fp8-probe-no-widen": ("-DMLA_FP8_PROBE_NO_WIDEN=1 -DMLA_FP8_S_FIRST=1", ["mla_decode_h128_p64_fp8_e4m3_split"]),
 }
 
 
 # PTX that only a switch's code path emits: the build test fails if the switch never reached a kernel.
-_SWITCH_PTX = {"fp8-l2-prefetch": b"prefetch.global.L2 ", "fp8-queue-s": b"prefetch.global.L2 ",
-               "fp8-short-trace": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
+_SWITCH_PTX = {"fp8-short-trace": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
 # ... and PTX a switch removes.
 _SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
 
@@ -181,8 +171,8 @@ _SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_L2_PREFETCH,
-    MLA_FP8_QUEUE_S, prepared for an A/B; MLA_FP8_LDG_WIDEN and the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); the MLA_FP8_PROBE_NO_WIDEN
+    timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS; a trace build may spill
     codegen.build._TRACE_SPILL_BYTES)."""
     import os

@@ -61,46 +61,14 @@
 #define MLA_FP8_S_FIRST 0
 #endif
 
-// MLA_FP8_QUEUE_S (default 0, prepared for an A/B): with the PV-first order, warpgroup 1 queues S(b)
-// right behind P V(a) and releases tile a once P V(a) alone is done (consumer.cuh consume_two_stage).
-// The ledger's serial chain S(a), softmax(a), P V(a), S(b), softmax(b) stays; the gap between P V(a)
-// and S(b) on the tensor cores goes.
-#ifndef MLA_FP8_QUEUE_S
-#define MLA_FP8_QUEUE_S 0
-#endif
-
-// MLA_FP8_L2_PREFETCH (default 0, prepared for an A/B with MLA_FP8_S_FIRST=1): on the 64-row fp8 path
-// the copy warps prefetch tile t + 1's rows into L2 once tile t's first slot is copied, so that the
-// refill of a released slot reads L2 instead of HBM. An earlier prefetch (two tiles ahead, bulk, one
-// row per thread; perf-notes v3.1) measured 1.007 under PV first, where the math warps do not wait for
-// data; v3.16's ledger of an S-first order found them waiting for widened tiles.
-#ifndef MLA_FP8_L2_PREFETCH
-#define MLA_FP8_L2_PREFETCH 0
-#endif
-constexpr bool kFp8L2Prefetch = MLA_FP8_L2_PREFETCH != 0;
-
-// MLA_FP8_LDG_WIDEN (default 0, prepared for an A/B, not GPU-run): the 64-row fp8 path's producer
-// loads each thread's raw e4m3 bytes from global memory into registers (MLA_FP8_LDG_AHEAD slots ahead
-// of the slot it is storing), widens them there and stores only fp16 into the stage (producer.cuh
-// produce_fp8_ldg), instead of copying the raw bytes into shared memory and widening them in place.
-// A model of the tile's shared-memory traffic (perf-notes v3.17): S's m64n64k16 wgmmas read 4 KiB per
-// 32 cycles, all of the 128 B/clock an SM's shared memory gives; P V reads 80 B/clock; what the ring's
-// refill adds comes out of S's time once P V's slack is spent. bf16 adds 72 KiB per 64-token tile
-// (TMA's writes), in-place fp8 widening 144 KiB (raw write, raw read, fp16 write): about 1.24x
-// bf16's tile time at 128 heads, where fp8 measures 1.31x. Through registers fp8 adds bf16's 72 KiB.
-#ifndef MLA_FP8_LDG_WIDEN
-#define MLA_FP8_LDG_WIDEN 0
-#endif
-#ifndef MLA_FP8_LDG_AHEAD
-#define MLA_FP8_LDG_AHEAD 4   // slots whose loads are in flight (8 registers each at 64 tokens)
-#endif
-constexpr bool kFp8LdgWiden = MLA_FP8_LDG_WIDEN != 0;
-
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
 // warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
 // as fp16. What the kernel would take if widening were free: with S first too, whether the widening
-// is what keeps fp8 at 128 heads 1.31x slower than bf16 (perf-notes v3.17 Next). Benchmark without
-// --check; never a default.
+// is what keeps fp8 at 128 heads 1.31x slower than bf16. Measured (perf-notes v3.18): 0.74-0.79 of the
+// fp8 kernel's time at 128 heads, batch 32-128, with S first (0.81-0.87 PV first). Removed after their
+// A/Bs in v3.18: a producer that widened in registers from global loads (1.08-1.21x, with an L2
+// prefetch ahead of it) and S(b) queued behind P V(a) (1.20x). Benchmark without --check; never a
+// default.
 #ifndef MLA_FP8_PROBE_NO_WIDEN
 #define MLA_FP8_PROBE_NO_WIDEN 0
 #endif
@@ -191,8 +159,7 @@ static_assert(kStMathWgsFp8 == 2 || kStMathWgsFp8 == 3, "MLA_FP8_ST_WGS: 2 or 3"
 // warpgroups get 152 (32 / 160 spilled in the producer of the page-1 split variants).
 constexpr int kProducerRegsSt3 = 56;
 constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 152
-constexpr int kProducerRegsFp8 = kFp8LdgWiden ? 88 : 80;  // fp8 producer (copy + widen warps): 48 spilled; widening
-                                                            // slot pairs needs 80; MLA_FP8_LDG_WIDEN's loads 88
+constexpr int kProducerRegsFp8 = 80;  // fp8 producer (copy + widen warps): 48 spilled; widening slot pairs needs 80
 constexpr int kMathRegsFp8 = 208;
 
 constexpr int kChunkElems = 8;        // 16-byte copy chunk, in 16-bit elements

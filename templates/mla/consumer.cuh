@@ -171,11 +171,6 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
 template <bool kSFirst, class Cache, bool kShort, class FragO>
 __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
-  // MLA_FP8_QUEUE_S (the PV-first order only): S(b) is issued right behind P V(a), before the wait
-  // that releases tile a, so the tensor cores go from one to the other without the wait, the release
-  // and S(b)'s issue in between. S(b) then waits for tile b's slots while tile a is still held, which
-  // the fp8 producer's separate copy and widen warps allow (as with kSFirst).
-  constexpr bool kQueueS = !kSFirst && MLA_FP8_QUEUE_S != 0;
   using Element = typename CacheTypes<Cache>::Mma;
   constexpr int kTileN = SharedStorage<Cache, kShort>::kTileN;  // tile t: stage t % kRing, warpgroup t % 2
   constexpr int kRing = SharedStorage<Cache, kShort>::kRing;
@@ -263,17 +258,12 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
       rescale(tOrO, l_run, alpha);  // no P V of this warpgroup is in flight
       math_barrier(kBarPA);
       issue_pv(mma_o, p_frag(sa), v_frag(sa), tOrO);
-      if (!kSFirst) {  // release tile a before anything waits for tile b (MLA_FP8_QUEUE_S: S(b) queued first)
-        if (kQueueS && has_b) {
-          issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
-          warpgroup_wait<1>();  // P V(a) is done; S(b) may still run
-        } else {
-          warpgroup_wait<0>();
-        }
+      if (!kSFirst) {  // release tile a before anything waits for tile b
+        warpgroup_wait<0>();
         fence_fragment(tOrO);
         release(empty0 + 4, 4, c.lane);
         release(empty0 + kSubTiles - 1, 1, c.lane);
-        if (!kQueueS && has_b) issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
+        if (has_b) issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
       }
       if (has_b) {
         // ---- tile b: softmax, P, O_right += P V. Queue: S(b), then P V(a) with kSFirst.

@@ -732,10 +732,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     for (int i = 0; i < Storage::kRing * kSubTiles; ++i) {
       // bf16/fp16 and the fp8 register path: every producer thread's copies (a TMA slot: thread 0's
       // arrive.expect_tx plus its arrival for the other 127); fp8 widened in shared memory: the
-      // widening threads' stores (MLA_FP8_LDG_WIDEN: every producer thread's).
+      // widening threads' stores.
       cutlass::arch::ClusterBarrier::init(&s.kv_full[i],
-                                          Types::kFp8 && !Storage::kRegWiden && !kFp8LdgWiden ? kFp8WidenThreads
-                                                                                               : kProducerThreads);
+                                          Types::kFp8 && !Storage::kRegWiden ? kFp8WidenThreads : kProducerThreads);
       // One arrival per math warp that reads the slot (see consume_two_stage; consume_st: the owning
       // warpgroup's four warps).
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[i],
@@ -764,9 +763,6 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       trace_at(p, 0).stamp(kTraceProducerStart);
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
-      } else if constexpr (Types::kFp8 && kFp8LdgWiden) {
-        produce_fp8_ldg<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
-                                              tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x);
       } else if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
                                           tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x);

@@ -110,10 +110,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tenso
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
 }
-// Brings the 128-byte line holding p into L2 (no register, no completion to wait for).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<uint64_t>(p)));
-}
 
 template <class Element>
 __device__ __forceinline__ uint32_t pack2(float a, float b);

@@ -215,17 +215,16 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 // wait for raw bytes): the copy warps never wait for the widen warps, so a slot that is being refilled
 // never holds up the widening of a tile the math warpgroups need in order to release it. Rows past kv_end are zero bytes,
 // which widen to +0.
-// The caller issued this thread's Q copies and committed them as a group, followed by kGroupsAfterQ
-// more (produce_fp8: tile 0's copies, which stay in flight; produce_fp8_ldg: none): only Q's group
-// is waited for.
-template <int NUM_HEADS, int kRows, int kGroupsAfterQ = 1>
+// The caller issued this thread's Q copies and committed them as a group, followed by tile 0's
+// copies as another: only Q's group is waited for.
+template <int NUM_HEADS, int kRows>
 __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaDecodeArgs& a, int b, int m_block,
                                                  int ptid) {
   // Q's bf16 bytes go by cp.async straight into the fp16 tile (same 2-byte element, same swizzle:
   // all of a thread's copies in flight at once), then each thread rounds the chunks it copied to
   // fp16 (times the prescale) in place. The first version loaded Q through registers, 3 chunks at a
   // time: 12 dependent round trips for 64 rows (docs/perf-notes.md, fp8 v3).
-  cp_async_wait_group<kGroupsAfterQ>();  // Q's group; produce_fp8's tile 0 raw bytes stay in flight
+  cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
   const int sub = ptid % kThreadsPerRow;
   constexpr int kRowsPerPass = kProducerThreads / kThreadsPerRow;
   CUTE_UNROLL
@@ -303,22 +302,6 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
                           src[j] + (page[j] >= 0 ? c * kSubTileCols : 0), page[j] >= 0);
       }
       cp_async_arrive_noinc(s.raw_landed(slot));
-      if constexpr (kFp8L2Prefetch && !Storage::kRegWiden) {
-        // MLA_FP8_L2_PREFETCH: after tile t's first slot (whose wait for its release hides the
-        // block_table loads of tile t + 1), tile t + 1's rows into L2; the four threads of a row take
-        // 144 bytes each (two line-touching prefetches: its first and last byte).
-        if (c == 0) {
-          CUTE_UNROLL
-          for (int j = 0; j < kRows; ++j) {
-            const int token = kv_begin + (t + 1) * kTileN + n0 + kRowStep * j;
-            if (next_page[j] >= 0) {
-              const char* row = cache + int64_t(next_page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token;
-              prefetch_l2(row + q * (kHeadDimK / 4));
-              prefetch_l2(row + q * (kHeadDimK / 4) + kHeadDimK / 4 - 1);
-            }
-          }
-        }
-      }
     }
     CUTE_UNROLL
     for (int j = 0; j < kRows; ++j) page[j] = next_page[j];
@@ -434,80 +417,6 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
 #pragma unroll 1
       for (int c = 0; c < kSubTiles; c += 3) widen_slots32<3>(s, stage_base, stage, c, parity, r, part);
     }
-  }
-}
-
-// 16 bytes of the cache, not kept in L1. Not .nc on purpose: a coherent load stays behind the slot's
-// fence (MEMBAR) before it, so ptxas cannot hoist every slot's loads of a tile to its start (it did
-// with .nc: 18 loads in flight, 72 registers, spills), and MLA_FP8_LDG_AHEAD bounds what is in flight.
-__device__ __forceinline__ uint4 ld_raw16(const char* src) {
-  uint4 v;
-  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(src));
-  return v;
-}
-
-// MLA_FP8_LDG_WIDEN (constants.cuh): all 128 producer threads own kPerRow-th of a token row of every
-// tile (2 threads per row of 64 tokens, 4 per row of 32), load their raw bytes of slot c + kAhead
-// while they wait to store slot c, widen in registers and store fp16 only: no raw bytes in shared
-// memory, no raw_full barriers, no widening barrier. The loads run kAhead slots ahead across tile
-// boundaries (the next tile's row is looked up a tile early); each slot's kv_full counts the 128
-// producer threads. buf is indexed only with compile-time constants, so it stays in registers, and
-// only the kAhead slots in flight are live.
-template <int NUM_HEADS, int PAGE_SIZE, class Storage>
-__device__ __forceinline__ void produce_fp8_ldg(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int kv_begin,
-                                                int kv_end, int num_tiles, int ptid) {
-  constexpr int kTileN = Storage::kTileN;
-  constexpr int kPerRow = kProducerThreads / kTileN;  // threads per token row: 2 or 4
-  constexpr int kVals = kSubTileCols / kPerRow;       // e4m3 values per thread per slot: 32 or 16
-  constexpr int kLd = kVals / 16;                     // 16-byte loads per thread per slot
-  constexpr int kAhead = MLA_FP8_LDG_AHEAD;
-  constexpr int kSlotBytes = int(sizeof(s.kv[0])) / kSubTiles;
-  static_assert(kProducerThreads % kTileN == 0 && kLd >= 1 && kAhead >= 1 && kAhead < kSubTiles, "LDG widening");
-  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  const char* cache = static_cast<const char*>(a.kv_cache);
-  const int row = ptid / kPerRow, part = ptid % kPerRow;
-  load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
-  cp_async_commit();
-  // This thread's row of tile t (values part * kVals ..). A row past kv_end (and every row of the
-  // tiles past the last, which the look-ahead touches) reads the split's last key instead: a masked
-  // key's P is exactly 0 and its V row finite (never the NaN-poisoned slots past seq_len), so no
-  // load needs a predicate or a zero fill.
-  auto row_of = [&](int t) -> const char* {
-    const int token = min(kv_begin + t * kTileN + row, kv_end - 1);
-    return cache + int64_t(table[token / PAGE_SIZE]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token +
-           part * kVals;
-  };
-  uint4 buf[kSubTiles][kLd];
-  auto load = [&](const char* src, int c, uint4 (&dst)[kLd]) {
-    CUTE_UNROLL
-    for (int j = 0; j < kLd; ++j) dst[j] = ld_raw16(src + c * kSubTileCols + 16 * j);
-  };
-  const char* src = row_of(0);
-  CUTE_UNROLL
-  for (int c = 0; c < kAhead; ++c) load(src, c, buf[c]);  // tile 0's first slots before Q is rounded
-  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta, /*kGroupsAfterQ=*/0>(s.q, a, b, m_block, ptid);
-  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
-  arrive_barrier(&s.q_full);
-  const char* next = row_of(1);
-#pragma unroll 1
-  for (int t = 0; t < num_tiles; ++t) {
-    const int stage = t % Storage::kRing;
-    const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;  // the first use of a slot does not wait
-    char* stage_base = reinterpret_cast<char*>(s.kv[stage]);
-    CUTE_UNROLL
-    for (int c = 0; c < kSubTiles; ++c) {
-      const int ca = c + kAhead;  // slot c + kAhead: this tile's, or (past slot 8) the next one's
-      load(ca < kSubTiles ? src : next, ca % kSubTiles, buf[ca % kSubTiles]);
-      wait_barrier(&s.kv_empty[stage * kSubTiles + c], empty_parity);
-      CUTE_UNROLL
-      for (int j = 0; j < kLd; ++j) widen16<kTileN>(stage_base + c * kSlotBytes, row, part * kVals + 16 * j, buf[c][j]);
-      fence_proxy_async_shared();  // widened stores -> the math warpgroups' wgmma reads (writer side)
-      arrive_barrier(&s.kv_full[stage * kSubTiles + c]);
-    }
-    src = next;
-    next = row_of(t + 2);
   }
 }
 
