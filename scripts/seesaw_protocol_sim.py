@@ -25,7 +25,8 @@ import random
 import sys
 
 NSUB = 9
-def empty_count(stage, slot):  # two_stage_empty_count (consumer.cuh), new version
+NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
+def empty_count(stage, slot):  # two_stage_empty_count (consumer.cuh)
     return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
 
 class Err(Exception):
@@ -56,7 +57,6 @@ class Sim:
     def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None):
         assert mutation in (None, "full32", "early_release", "no_w8"), mutation
         s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
-        s.nwriters = 2  # two widening warps; kv_full counts kFp8WidenThreads = 64
         full_count = 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
@@ -65,21 +65,17 @@ class Sim:
         s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8")}
         s.events = {"copy0": [], "copy1": []}
         # data state per slot
-        s.slot_tile = {}            # (stage, slot) -> tile whose raw bytes landed last (per copy warp set)
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
-        s.copied = {}               # (t, slot) -> copy warps that issued
         s.raw_read = {}             # (t, slot) -> widen warps that read raw
         s.widened = {}              # (t, slot) -> widening warps that wrote all rows
         s.full_arrived = {}         # (t, slot) -> producer writers that arrived on kv_full
         s.reads_done = {}           # (t, slot) -> set of (reader) completed
         s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
         s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
-        s.maxlead = {}
         s.sfirst, s.groups = sfirst, groups
         s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
         s.blocked = {}
-        s.progress = {k: -1 for k in s.agents}
 
     def check_readers_done(s, t, c, what):
         """Slot c of tile t overwrites tile t - ring's data there: every reader of that use must be done."""
@@ -112,7 +108,6 @@ class Sim:
                 yield ("wait", s.kv_empty[slot], empty_parity, t // s.ring - 1 + 1, f"copy{w} t{t} c{c}")
                 yield ("check_copy", t, c, w)
                 yield ("async_arrive", f"copy{w}", s.raw_full[slot], 32, (t, c))
-            s.progress[f"copy{w}"] = t
         if s.n == 1:
             yield ("arrive", s.q_full, 32)
 
@@ -126,14 +121,11 @@ class Sim:
                 for c in grp:
                     yield ("wait", s.raw_full[stage * NSUB + c], parity, t // s.ring + 1, f"widen{w} t{t} c{c}")
                     yield ("check_raw_read", t, c, w)
-                for c in grp:
-                    yield ("check_lower_write", t, c, w)
                 if s.mutation != "no_w8":
                     yield ("nb_sync", s.nb["W8"], f"widen{w}")
                 for c in grp:
                     yield ("check_upper_write", t, c, w)
                     yield ("arrive_full", s.kv_full[stage * NSUB + c], 32, (t, c))
-            s.progress[f"widen{w}"] = t
 
     # ---------------- math warpgroups (consume_two_stage)
     def issue_s(s, wg, t, stage, parity):
@@ -210,7 +202,6 @@ class Sim:
                     yield ("wgwait", 1, 0)
                     yield from s.rel(1, sa, 4, 4)
                     yield from s.rel(1, sa, NSUB - 1, 1)
-            s.progress[f"wg{wg}"] = i
 
     # ---------------- op execution: returns True if op completed, False if blocked
     def try_op(s, name, op):
@@ -248,7 +239,7 @@ class Sim:
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:
-                if s.widened.get((rd[0], c), 0) != s.nwriters:
+                if s.widened.get((rd[0], c), 0) != NWIDEN:
                     raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before widened")
             s.pending_reads.setdefault(wg, []).append(rd); return True
         if k == "wgwait":
@@ -264,30 +255,27 @@ class Sim:
             s.check_readers_done(t, c, f"copy{w} (for tile {t}, slot {c}) overwrites")
             if t >= s.ring:
                 prev = t - s.ring
-                if s.widened.get((prev, c), 0) != 2:
+                if s.widened.get((prev, c), 0) != NWIDEN:
                     raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
-            s.copied.setdefault((t, c), set()).add(w)
             return True
         if k == "check_raw_read":
             _, t, c, w = op
-            if s.landed.get((t, c), 0) != 2:
+            if s.landed.get((t, c), 0) != NCOPY:
                 raise Err(f"widen{w} reads raw of tile {t} slot {c} before both copy warps landed")
             s.raw_read.setdefault((t, c), set()).add(w)
             return True
-        if k == "check_lower_write":
-            return True
         if k == "check_upper_write":
             _, t, c, w = op
-            if len(s.raw_read.get((t, c), ())) != 2:
+            if len(s.raw_read.get((t, c), ())) != NWIDEN:
                 raise Err(f"widen{w} overwrites raw of tile {t} slot {c} before the other widen warp read it")
             s.widened[(t, c)] = s.widened.get((t, c), 0) + 1
             return True
         if k == "check_math_read":
             _, t, c = op
-            if s.widened.get((t, c), 0) != s.nwriters:
-                raise Err(f"math reads tile {t} slot {c} before widened ({s.widened.get((t, c), 0)} of {s.nwriters} writers)")
-            if s.full_arrived.get((t, c), 0) != s.nwriters:
-                raise Err(f"math reads tile {t} slot {c} after {s.full_arrived.get((t, c), 0)} of {s.nwriters} producer arrivals")
+            if s.widened.get((t, c), 0) != NWIDEN:
+                raise Err(f"math reads tile {t} slot {c} before widened ({s.widened.get((t, c), 0)} of {NWIDEN} writers)")
+            if s.full_arrived.get((t, c), 0) != NWIDEN:
+                raise Err(f"math reads tile {t} slot {c} after {s.full_arrived.get((t, c), 0)} of {NWIDEN} producer arrivals")
             return True
         if k == "rowmax":
             _, buf, rw, i = op
@@ -307,7 +295,6 @@ class Sim:
         cur = {k: next(g) for k, g in s.agents.items()}
         done = set()
         steps = 0
-        lead = 0
         while True:
             steps += 1
             runnable = []
@@ -347,9 +334,6 @@ class Sim:
             if not progressed:
                 blk = {k: (cur[k][0], cur[k][-1] if cur[k][0] == "wait" else cur[k][1:]) for k in s.agents if k not in done}
                 raise Err(f"DEADLOCK: {blk}")
-            # run-ahead bookkeeping
-            p = s.progress
-            lead = max(lead, p["copy0"] - 2 * p["wg0"], p["copy1"] - 2 * p["wg1"])
             if steps > max_steps:
                 raise Err("too many steps")
         # everything consumed?
@@ -362,7 +346,6 @@ class Sim:
         for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
-        return lead
 
     def fire(s, k):
         mb, n, (t, c) = s.events[k].pop(0)
