@@ -64,11 +64,11 @@
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
 // warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
 // as fp16. What the kernel would take if widening were free: with S first too, whether the widening
-// is what keeps fp8 at 128 heads 1.31x slower than bf16. Measured (perf-notes v3.18): 0.74-0.79 of the
-// fp8 kernel's time at 128 heads, batch 32-128, with S first (0.81-0.87 PV first). Removed after their
-// A/Bs in v3.18: a producer that widened in registers from global loads (1.08-1.21x, with an L2
-// prefetch ahead of it) and S(b) queued behind P V(a) (1.20x). Benchmark without --check; never a
-// default.
+// is what keeps fp8 at 128 heads 1.31x slower than bf16. Measured (perf-notes v3.18), 128 heads, batch
+// 32-128, seq 4096-16384: 0.74-0.81 of the fp8 kernel's time with S first, 0.81-0.87 PV first.
+// Rejected by their A/Bs in v3.18 and removed: a producer that widened in registers from global loads
+// (1.17-1.21x geomean; 1.08-1.15x with an L2 prefetch ahead of it), S(b) queued behind P V(a) (1.20x)
+// and an L2 prefetch of the next tile (1.04x). Benchmark without --check; never a default.
 #ifndef MLA_FP8_PROBE_NO_WIDEN
 #define MLA_FP8_PROBE_NO_WIDEN 0
 #endif
