@@ -1,6 +1,8 @@
 """Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer.cuh), copy_fp8_tiles
 and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at the short-split kernel's four stages of
-32, for both seesaw orders (MLA_FP8_S_FIRST).
+32, for both seesaw orders (MLA_FP8_S_FIRST), and at two stages with MLA_FP8_TMA's copies (copy warp 0
+alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes land in any order,
+then the copy warps' named barrier; the partial last tile, if the seed makes one, by both warps).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -17,9 +19,11 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
   full32         kv_full initialised for one widening warp's 32 arrivals instead of 64
   early_release  warpgroup 0 releases its half of V (slots 0-3) of tile a right after S(a), before P V(a)
   no_w8          the widening warps skip the barrier between reading the raw bytes and overwriting them
+  tma_no_bar     MLA_FP8_TMA without the copy warps' named barrier (copy warp 1 then waits for a slot's
+                 release a phase too early; only the MLA_FP8_TMA configurations run)
 
     python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; CI runs main(6): 4 configurations
+    # 200: minutes; CI runs main(6): 6 configurations
 """
 import random
 import sys
@@ -54,16 +58,18 @@ class NB:  # hardware named barrier, units = agents
             s.arrived = set(); s.gen += 1
 
 class Sim:
-    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None):
-        assert mutation in (None, "full32", "early_release", "no_w8"), mutation
+    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False):
+        assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar"), mutation
         s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
+        # MLA_FP8_TMA: the full tiles (all but a partial last one, which the seed decides) go by TMA
+        s.tma, s.n_full = tma, (n - rng.randrange(2)) if tma else 0
         full_count = 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
         s.q_full = MB("q_full", 128)
-        s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8")}
-        s.events = {"copy0": [], "copy1": []}
+        s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8", "C7")}
+        s.events = {"copy0": [], "copy1": [], "tma": []}  # cp.async lands in order per warp, TMA in any order
         # data state per slot
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
         s.raw_read = {}             # (t, slot) -> widen warps that read raw
@@ -96,20 +102,33 @@ class Sim:
             r.add(f"PV{c // 4}")
         return r
 
-    # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1)
+    # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1; Q is rounded between)
     def copy(s, w):
-        for t in range(s.n):
-            if t == 1:
-                yield ("arrive", s.q_full, 32)  # after tile 0's copies the copy warps round Q, arrive q_full
+        yield from s.copy_call(w, 0, 1)
+        yield ("arrive", s.q_full, 32)
+        yield from s.copy_call(w, 1, s.n)
+
+    def copy_call(s, w, first, last):
+        if s.tma:  # warp 0 waits for and issues the full tiles (one arrival of 64 plus 4 KiB each), then the C7 barrier
+            full = min(last, s.n_full)
+            if w == 0:
+                for t in range(first, full):
+                    for c in range(NSUB):
+                        slot = (t % s.ring) * NSUB + c
+                        yield ("wait", s.kv_empty[slot], ((t // s.ring) & 1) ^ 1, t // s.ring, f"copy0 tma t{t} c{c}")
+                        yield ("check_copy", t, c, w)
+                        yield ("async_arrive", "tma", s.raw_full[slot], 64, (t, c), NCOPY)
+            if s.mutation != "tma_no_bar":
+                yield ("nb_sync", s.nb["C7"], f"copy{w}")
+            first = max(first, full)
+        for t in range(first, last):
             stage = t % s.ring
             empty_parity = ((t // s.ring) & 1) ^ 1
             for c in range(NSUB):
                 slot = stage * NSUB + c
-                yield ("wait", s.kv_empty[slot], empty_parity, t // s.ring - 1 + 1, f"copy{w} t{t} c{c}")
+                yield ("wait", s.kv_empty[slot], empty_parity, t // s.ring, f"copy{w} t{t} c{c}")
                 yield ("check_copy", t, c, w)
-                yield ("async_arrive", f"copy{w}", s.raw_full[slot], 32, (t, c))
-        if s.n == 1:
-            yield ("arrive", s.q_full, 32)
+                yield ("async_arrive", f"copy{w}", s.raw_full[slot], 32, (t, c), 1)
 
     # ---------------- widening warps
     def widen(s, w):
@@ -223,7 +242,7 @@ class Sim:
             s.full_arrived[tc] = s.full_arrived.get(tc, 0) + 1
             mb.arrive(cnt); return True
         if k == "async_arrive":
-            s.events[op[1]].append((op[2], op[3], op[4])); return True
+            s.events[op[1]].append((op[2], op[3], op[4], op[5])); return True
         if k == "nb_arrive":
             op[1].arrive(op[2]); return True
         if k == "nb_sync":
@@ -348,8 +367,9 @@ class Sim:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
 
     def fire(s, k):
-        mb, n, (t, c) = s.events[k].pop(0)
-        s.landed[(t, c)] = s.landed.get((t, c), 0) + 1
+        q = s.events[k]
+        mb, n, (t, c), copies = q.pop(s.rng.randrange(len(q)) if k == "tma" else 0)
+        s.landed[(t, c)] = s.landed.get((t, c), 0) + copies
         mb.arrive(n)
 
 
@@ -361,21 +381,25 @@ def main(nseeds=None, mutation=None):
     configs = []
     # (stages, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens, three slots a
     # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
+    # MLA_FP8_TMA: the default two stages only (the short-split kernel keeps cp.async).
     for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
         for sfirst in (True, False):
-            configs.append((ring, sfirst, groups))
+            for tma in ((False, True) if ring == 2 else (False,)):
+                if mutation == "tma_no_bar" and not tma:
+                    continue
+                configs.append((ring, sfirst, groups, tma))
     bad = 0
-    for ring, sfirst, groups in configs:
+    for ring, sfirst, groups, tma in configs:
         errs = {}
         for n in range(1, 13):
             for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
                 for seed in range(nseeds):
                     rng = random.Random(seed * 1000 + n)
                     try:
-                        Sim(n, ring, sfirst, groups, rng, policy, mutation).run()
+                        Sim(n, ring, sfirst, groups, rng, policy, mutation, tma).run()
                     except Err as e:
                         errs.setdefault(str(e)[:200], []).append((n, policy, seed))
-        tag = f"ring={ring} kSFirst={sfirst}"
+        tag = f"ring={ring} kSFirst={sfirst}" + (" MLA_FP8_TMA" if tma else "")
         if mutation is not None:
             tag += f" mutation={mutation}"
         if errs:

@@ -32,22 +32,23 @@ def test_store_probe_compiles(tmp_path):
 
 def test_seesaw_protocol_simulation_passes(capsys):
     """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens and the fp8 short-split kernel's four of 32,
-    both seesaw orders) with the in-place widening producer: no deadlock, stale phase, over-arrival
+    both seesaw orders; two stages with MLA_FP8_TMA's copies too) with the in-place widening producer: no deadlock, stale phase, over-arrival
     or data race over num_tiles 1-12 and five scheduling policies (6 random interleavings each here;
     the script's default is 200)."""
     sim = runpy.run_path(str(ROOT / "scripts" / "seesaw_protocol_sim.py"))
     assert sim["main"](6) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert out.count(" OK: ") == 4, out
+    assert out.count(" OK: ") == 6, out
 
 
-@pytest.mark.parametrize("mutation", ["full32", "early_release", "no_w8"])
-def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation):
+@pytest.mark.parametrize("mutation, configs", [("full32", 6), ("early_release", 6), ("no_w8", 6), ("tma_no_bar", 2)])
+def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
     """The simulation can fail: a kv_full count for one widening warp, warpgroup 0 releasing its half of
-    V before P V reads it, and widening warps that overwrite raw bytes without their barrier are each
-    reported in every configuration."""
+    V before P V reads it, widening warps that overwrite raw bytes without their barrier, and
+    MLA_FP8_TMA's copy warps without their named barrier are each reported in every configuration
+    they apply to."""
     sim = runpy.run_path(str(ROOT / "scripts" / "seesaw_protocol_sim.py"))
-    assert sim["main"](2, mutation=mutation) == 4, capsys.readouterr().out
+    assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
     capsys.readouterr()
 
 

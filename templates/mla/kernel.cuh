@@ -63,7 +63,7 @@ struct DecodeParams {
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
   // the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box {64, 64, 1},
-  // 128-byte swizzle. CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
+  // 128-byte swizzle (MLA_FP8_TMA's kFp8TmaPages: bytes, no swizzle). CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
   // __grid_constant__ parameter, which TMA reads through its generic address.
   int use_tma;
   CUtensorMap kv_map;
@@ -764,8 +764,14 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
+        const void* kv_map = nullptr;
+#if MLA_TMA
+        if constexpr (kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS> && !SHORT) {
+          if (p.use_tma) kv_map = &p.kv_map;
+        }
+#endif
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
-                                          tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x);
+                                          tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x, kv_map);
       } else {
         const void* kv_map = nullptr;
 #if MLA_TMA

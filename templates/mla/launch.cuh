@@ -64,9 +64,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // extent times stride, so the map claims pages up to 2^44 bytes (16 TiB) past the base, capped at
 // 2^31 - 1 pages (block_table holds int32): far more than any cache one GPU can hold. Only in-range
 // coordinates (page ids from block_table) are ever formed.
+// fp8 (MLA_FP8_TMA): the same map over bytes, without swizzle (the raw rows of a slot are row-major).
 template <class Cache, int PAGE_SIZE>
 bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
-  static_assert(sizeof(Cache) == 2, "the TMA path is for 16-bit caches");
+  constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
+  static_assert(sizeof(Cache) == (kFp8 ? 1 : 2), "16-bit caches, or fp8 bytes");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   constexpr uint64_t kLimit = uint64_t(1) << 40;
@@ -74,7 +76,7 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
       uint64_t(a.kv_stride_token) >= kLimit / 2 || uint64_t(a.kv_stride_page) >= kLimit / 2) {
     return false;
   }
-  const uint64_t token_bytes = uint64_t(a.kv_stride_token) * 2, page_bytes = uint64_t(a.kv_stride_page) * 2;
+  const uint64_t token_bytes = uint64_t(a.kv_stride_token) * sizeof(Cache), page_bytes = uint64_t(a.kv_stride_page) * sizeof(Cache);
   if (token_bytes % 16 != 0 || page_bytes % 16 != 0) return false;
   uint64_t pages = (uint64_t(1) << 44) / page_bytes;
   if (pages > 0x7fffffffu) pages = 0x7fffffffu;
@@ -82,11 +84,11 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
   const cuuint64_t strides[2] = {cuuint64_t(token_bytes), cuuint64_t(page_bytes)};
   const cuuint32_t box[3] = {cuuint32_t(kSubTileCols), cuuint32_t(kBlockN), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType dtype = std::is_same<Cache, cutlass::bfloat16_t>::value
-                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType dtype = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                    : std::is_same<Cache, cutlass::bfloat16_t>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(map, dtype, 3, const_cast<void*>(a.kv_cache), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, kFp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
@@ -148,7 +150,7 @@ int launch(const MlaDecodeArgs* args) {
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> || kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
     p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
     if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
   }

@@ -81,6 +81,11 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 template <class Cache, int PAGE_SIZE, int NUM_HEADS>
 constexpr bool kTmaPages =
     MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
+// MLA_FP8_TMA (constants.cuh): the same tiling for the 64-row fp8 path's raw bytes (copy_fp8_tiles).
+template <class Cache, int PAGE_SIZE, int NUM_HEADS>
+constexpr bool kFp8TmaPages =
+    MLA_TMA != 0 && MLA_FP8_TMA != 0 && CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
+constexpr int kBarFp8Copy = 7;  // named barrier over the fp8 copy warps (MLA_FP8_TMA)
 
 // The whole producer: Q, then every KV tile of [kv_begin, kv_end) sub-tile by sub-tile. Eight
 // threads share a 128-byte row segment of a sub-tile (one 16-byte chunk each), so every warp
@@ -259,10 +264,15 @@ __device__ __forceinline__ void widen_barrier() {
 // the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages; 4 of 32 tokens
 // in the short-split kernel), a 4 KiB raw slot of the transposed path's ring (128 copy threads, 4 stages).
 // Pages are looked up one tile ahead; rows past kv_end are zero bytes.
+// kv_map (MLA_FP8_TMA, 64-token tiles only; null otherwise): the full tiles go by TMA as in produce:
+// warp 0 waits for each slot's release together, its lane 0 announces the 4 KiB on the slot's
+// raw_full barrier, issues the box and arrives for the other copy threads; warp 1 waits at a named
+// barrier of the copy warps meanwhile, so no copy thread waits more than one phase ahead (produce's
+// argument); then both copy the tile that holds kv_end, if it is partial, by cp.async.
 template <int PAGE_SIZE, int kCopyThreads, class Storage>
 __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& a,
                                                const int32_t* table, int kv_begin, int kv_end, int first_tile,
-                                               int last_tile, int ct) {
+                                               int last_tile, int ct, const void* kv_map = nullptr) {
   constexpr int kRowStep = kCopyThreads / 4;
   constexpr int kTileN = Storage::kTileN;
   constexpr int kRows = kTileN / kRowStep;  // rows per thread per tile
@@ -270,6 +280,36 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
   static_assert(!Storage::kRegWiden || kRowStep % 8 == 0, "rows n0 + kRowStep j share one swizzled chunk (raw_offset)");
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
+  if constexpr (kTileN == kBlockN && !Storage::kRegWiden) {
+    if (kv_map != nullptr) {
+      const int full_tiles = min(last_tile, (kv_end - kv_begin) / kTileN);
+      if (ct < 32) {  // warp 0 waits (converged); its lane 0 issues
+        int32_t pg = first_tile < full_tiles ? table[(kv_begin + first_tile * kTileN) / PAGE_SIZE] : 0;
+        for (int t = first_tile; t < full_tiles; ++t) {
+          const int tile_start = kv_begin + t * kTileN;
+          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kTileN) / PAGE_SIZE] : 0;
+          const int stage = t % Storage::kRing;
+          const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;
+          const uint32_t raw_base = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset;
+#pragma unroll 1
+          for (int c = 0; c < kSubTiles; ++c) {
+            const int slot = stage * kSubTiles + c;
+            wait_barrier(&s.kv_empty[slot], empty_parity);
+            if (ct == 0) {
+              arrive_expect_tx(s.raw_landed(slot), uint32_t(kTileN * kSubTileCols));
+              tma_load_3d(raw_base + uint32_t(c * kSlotBytes), kv_map, s.raw_landed(slot), c * kSubTileCols,
+                          tile_start % PAGE_SIZE, pg);
+              arrive_barrier_count(s.raw_landed(slot), kCopyThreads - 1);
+            }
+            __syncwarp();
+          }
+          pg = next_pg;
+        }
+      }
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kBarFp8Copy), "n"(kCopyThreads) : "memory");
+      first_tile = max(first_tile, full_tiles);
+    }
+  }
   int32_t page[kRows], next_page[kRows];
   auto lookup = [&](int t, int32_t (&pg)[kRows]) {
     CUTE_UNROLL
@@ -424,20 +464,23 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
 // Q's copies go first, as their own cp.async group, so that neither their issue waits for the
 // block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8): measured 0.951 over 58 fp8
 // anchors against issuing Q after tile 0 and waiting for both (docs/perf-notes.md, v3.16).
+// kv_map: MLA_FP8_TMA's tensor map of the raw cache (kernel.cuh), or null.
 template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
-                                            int m_block, int kv_begin, int kv_end, int num_tiles, int ptid) {
+                                            int m_block, int kv_begin, int kv_end, int num_tiles, int ptid,
+                                            const void* kv_map = nullptr) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   cp_async_commit();
   // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's.
-  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid, kv_map);
   cp_async_commit();  // tile 0's group (the widening threads': empty)
   load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
   fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
   arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
-    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid, kv_map);
     cp_async_wait_all();  // do not retire while copies are in flight
   } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
