@@ -18,9 +18,10 @@ namespace mla {
 
 #if MLA_TMA
 // The environment variable MLA_TMA, read once: "0" turns the TMA path off (every tile takes cp.async:
-// an A/B without a rebuild); "require" makes a page-64/128 bf16/fp16 launch whose tensor map cannot be
-// encoded fail with cudaErrorNotSupported instead of falling back to cp.async, so an A/B or a test can
-// prove that the TMA path ran; anything else (or unset) is the default: TMA where it can be encoded.
+// an A/B without a rebuild); "require" makes a page-64/128 bf16/fp16 launch (and, built with
+// MLA_FP8_TMA, an fp8 launch of the 64-token kernel) whose tensor map cannot be encoded fail with
+// cudaErrorNotSupported instead of falling back to cp.async, so an A/B or a test can prove that the
+// TMA path ran; anything else (or unset) is the default: TMA where it can be encoded.
 enum class TmaMode { kOff, kAuto, kRequire };
 inline TmaMode tma_mode() {
   static const TmaMode mode = [] {
@@ -150,9 +151,17 @@ int launch(const MlaDecodeArgs* args) {
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> || kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
     p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
     if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
+  }
+  if constexpr (kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {  // MLA_FP8_TMA: only for the 64-token kernel
+    bool short_kernel = false;
+    if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) short_kernel = short_split_keys(a, PAGE_SIZE) <= MLA_FP8_SHORT_SPLIT_KEYS;
+    if (!short_kernel) {
+      p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+      if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
+    }
   }
 #endif
   const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);

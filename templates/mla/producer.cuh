@@ -280,7 +280,7 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
   static_assert(!Storage::kRegWiden || kRowStep % 8 == 0, "rows n0 + kRowStep j share one swizzled chunk (raw_offset)");
   const char* cache = static_cast<const char*>(a.kv_cache);
   const int n0 = ct / 4, q = ct % 4;
-  if constexpr (kTileN == kBlockN && !Storage::kRegWiden) {
+  if constexpr (kTileN == kBlockN && !Storage::kRegWiden && PAGE_SIZE % kBlockN == 0) {
     if (kv_map != nullptr) {
       const int full_tiles = min(last_tile, (kv_end - kv_begin) / kTileN);
       if (ct < 32) {  // warp 0 waits (converged); its lane 0 issues
