@@ -148,17 +148,17 @@ int launch(const MlaDecodeArgs* args) {
 #if MLA_TRACE
   p.trace = trace_buffer_for_launch();
 #endif
+  // fp8 split variants of the 64-row path: the short-split kernel when every split is short.
+  bool short_split = false;
+  if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) {
+    short_split = short_split_keys(a, PAGE_SIZE) <= MLA_FP8_SHORT_SPLIT_KEYS;
+  }
 #if MLA_TMA
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
-    p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
-    if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
-  }
-  if constexpr (kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {  // MLA_FP8_TMA: only for the 64-token kernel
-    bool short_kernel = false;
-    if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) short_kernel = short_split_keys(a, PAGE_SIZE) <= MLA_FP8_SHORT_SPLIT_KEYS;
-    if (!short_kernel) {
+  // MLA_FP8_TMA's map serves the 64-token fp8 kernel only, not the short-split one.
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> || kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+    if (!short_split) {
       p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
       if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
     }
@@ -189,7 +189,7 @@ int launch(const MlaDecodeArgs* args) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
   }
   if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) {
-    if (short_split_keys(a, PAGE_SIZE) <= MLA_FP8_SHORT_SPLIT_KEYS) {
+    if (short_split) {
       using ShortStorage = KernelStorage<Cache, NUM_HEADS, true>;
       static_assert(sizeof(ShortStorage) + 1024 <= 227 * 1024, "shared memory per CTA");
       kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, true>;
