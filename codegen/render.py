@@ -1,5 +1,5 @@
-"""Render the selected variants into generated/: one .cu per variant, sources.cmake, manifest.json and
-the dispatch table dispatch.py.
+"""Render the selected variants into generated/: one .cu per variant (two for fp8 split variants, see
+Variant.sources), sources.cmake, manifest.json and the dispatch table dispatch.py.
 
 Rendering is deterministic (sorted inputs, no timestamps, no absolute paths), each file is rewritten
 only when its bytes change (so ninja recompiles nothing after a no-op run), and each file is headed
@@ -85,22 +85,24 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
             written.append(path)
 
     dims_key = json.dumps({"arch": config.arch, "dims": config.dims}, sort_keys=True)
-    vt_src = (TEMPLATES / "variant.cu.j2").read_text()
-    vt = env.get_template("variant.cu.j2")
+    unit_templates = ("variant.cu.j2", "variant_short.cu.j2")  # Variant.sources[i] from unit_templates[i]
     sources = []
     for v in variants:
-        h = _sha256(gen, vt_src, dims_key, v.name)
-        path = generated_dir / "variants" / f"{v.name}.cu"
-        emit(path, vt.render(v=v, cpp_type=v.cpp_type, inputs_hash=h))
-        sources.append(path)
+        for file, template in zip(v.sources, unit_templates):
+            src = (TEMPLATES / template).read_text()
+            h = _sha256(gen, src, dims_key, file)
+            path = generated_dir / "variants" / file
+            emit(path, env.get_template(template).render(v=v, cpp_type=v.cpp_type, inputs_hash=h))
+            sources.append(path)
 
     # Sources of variants that variants.yaml still describes stay on disk when a build selects fewer
     # (--preset/--filter), so their objects stay valid and selecting them again recompiles nothing;
     # sources of variants the yaml no longer describes are removed.
-    known = {v.name for v in config.variants()} | {v.name for p in config.presets.values() for v in p.variants()}
+    known = {f for v in config.variants() for f in v.sources} | {
+        f for p in config.presets.values() for v in p.variants() for f in v.sources}
     removed = []
     for stale in sorted((generated_dir / "variants").glob("*.cu")):
-        if stale not in sources and stale.stem not in known and stale.read_text().startswith("// generated, do not edit"):
+        if stale not in sources and stale.name not in known and stale.read_text().startswith("// generated, do not edit"):
             stale.unlink()
             removed.append(stale)
 
@@ -122,7 +124,7 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
         "library": lib_rel,
         "variants": [
             {"name": v.name, "num_heads": v.num_heads, "page_size": v.page_size, "dtype": v.dtype,
-             "split": v.split, "source": f"variants/{v.name}.cu"}
+             "split": v.split, "source": f"variants/{v.name}.cu", "sources": [f"variants/{f}" for f in v.sources]}
             for v in variants
         ],
     }

@@ -62,6 +62,16 @@ class Variant:
     def cpp_type(self) -> str:
         return DTYPES[self.dtype][0]
 
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The variant's generated translation units, relative to generated/variants: ``<name>.cu`` (its
+        launcher and 64-token kernels) and, for fp8 split variants, ``<name>_short.cu`` (the short-split
+        kernel, templates/mla/short_split.cuh; it compiles to an unused stub where launch.cuh's
+        kHasShortKernel is false, e.g. on the transposed path)."""
+        if self.dtype == "fp8_e4m3" and self.split:
+            return (f"{self.name}.cu", f"{self.name}_short.cu")
+        return (f"{self.name}.cu",)
+
     @classmethod
     def from_name(cls, name: str) -> "Variant":
         """Parse a name produced by :attr:`name`; raises ValueError for anything else."""

@@ -23,7 +23,7 @@ def test_deterministic_and_write_if_changed(tmp_path):
     ra = render(cfg, vs, a, a.parent / "build" / "lib.so")
     render(cfg, list(reversed(vs)), b, b.parent / "build" / "lib.so")
     assert _tree(a) == _tree(b)  # same inputs, same bytes, whatever the order or folder
-    assert len(ra.written) == len(vs) + 3
+    assert len(ra.written) == sum(len(v.sources) for v in vs) + 3  # + sources.cmake, dispatch.py, manifest.json
     mtimes = {p: p.stat().st_mtime_ns for p in a.rglob("*") if p.is_file()}
     again = render(cfg, vs, a, a.parent / "build" / "lib.so")
     assert again.written == [] and again.removed == []
@@ -44,6 +44,27 @@ def test_headers_carry_the_inputs_hash(tmp_path):
         assert (g / f).read_text().startswith("# generated, do not edit")
     manifest = json.loads((g / "manifest.json").read_text())
     assert manifest["generated"] == "do not edit" and len(manifest["inputs_hash"]) == 16
+
+
+def test_an_fp8_split_variant_gets_its_short_split_unit(tmp_path):
+    """fp8 split variants render a second unit that instantiates only the short-split kernel's launcher
+    (templates/mla/short_split.cuh); sources.cmake lists both, other variants keep one unit."""
+    cfg = _cfg()
+    fp8, bf16 = Variant(64, 64, "fp8_e4m3", True), Variant(64, 64, "bf16", True)
+    g = tmp_path / "generated"
+    render(cfg, [fp8, bf16, Variant(64, 64, "fp8_e4m3", False)], g, tmp_path / "lib.so")
+    assert sorted(p.name for p in (g / "variants").glob("*.cu")) == sorted(
+        [f"{fp8.name}.cu", f"{fp8.name}_short.cu", f"{bf16.name}.cu", "mla_decode_h64_p64_fp8_e4m3_nosplit.cu"])
+    short = (g / "variants" / f"{fp8.name}_short.cu").read_text()
+    assert short.startswith("// generated, do not edit") and "inputs-hash: " in short.splitlines()[1]
+    assert "template cudaError_t mla::launch_short_split<cutlass::float_e4m3_t, 64, 64>(" in short
+    assert "extern \"C\"" not in short  # the exported launcher stays in the variant's own unit
+    cmake = (g / "sources.cmake").read_text()
+    assert f"variants/{fp8.name}.cu" in cmake and f"variants/{fp8.name}_short.cu" in cmake
+    assert f"{bf16.name}_short" not in cmake
+    # selecting fewer variants keeps the short unit of a variant variants.yaml still describes
+    res = render(cfg, [bf16], g, tmp_path / "lib.so")
+    assert res.removed == [] and (g / "variants" / f"{fp8.name}_short.cu").exists()
 
 
 def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):

@@ -99,6 +99,10 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
 // the 64-row path.
 template <class Cache, int NUM_HEADS, bool SPLIT>
 constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS> && SPLIT;
+// Sets up and launches the short-split kernel; defined in short_split.cuh and compiled in the variant's
+// second unit (<variant>_short.cu), so this one never instantiates that kernel.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE>
+cudaError_t launch_short_split(const DecodeParams& p, dim3 grid, cudaStream_t stream);
 
 // The most keys one split of this launch can get: split_range's whole tiles per split for the longest
 // request the caller announces (max_seq_len, when set and below the block table's capacity) or the
@@ -183,24 +187,21 @@ int launch(const MlaDecodeArgs* args) {
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
+  const int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
   static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
   }
-  if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) {
-    if (short_split) {
-      using ShortStorage = KernelStorage<Cache, NUM_HEADS, true>;
-      static_assert(sizeof(ShortStorage) + 1024 <= 227 * 1024, "shared memory per CTA");
-      kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, true>;
-      smem_bytes = int(sizeof(ShortStorage)) + 1024;
-    }
+  const dim3 grid(unsigned(grid_x), grid_y, 1);
+  cudaError_t err = cudaSuccess;
+  if (short_split) {
+    if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) err = launch_short_split<Cache, NUM_HEADS, PAGE_SIZE>(p, grid, stream);
+  } else {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return int(err);
+    kernel<<<grid, KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes, stream>>>(p);
+    err = cudaGetLastError();
   }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) return int(err);
-  kernel<<<dim3(unsigned(grid_x), grid_y, 1), KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes,
-           stream>>>(p);
-  err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 
   if (combine_rows > 0) {

@@ -1,0 +1,28 @@
+#pragma once
+// The fp8 short-split kernel's launch (kernel.cuh mla_decode_kernel<..., SCHED = false, SHORT = true>:
+// 32-token tiles in four stages, S first), compiled in a translation unit of its own
+// (templates/variant_short.cu.j2, one per fp8 split variant) so that the variant's own unit holds
+// only the 64-token kernels and NVVM schedules each kernel as it would alone. launch.cuh declares
+// launch_short_split and calls it when every split of a launch has at most MLA_FP8_SHORT_SPLIT_KEYS keys.
+#include "launch.cuh"
+
+namespace mla {
+
+template <class Cache, int NUM_HEADS, int PAGE_SIZE>
+cudaError_t launch_short_split(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (kHasShortKernel<Cache, NUM_HEADS, true>) {
+    using ShortStorage = KernelStorage<Cache, NUM_HEADS, true>;
+    static_assert(sizeof(ShortStorage) + 1024 <= 227 * 1024, "shared memory per CTA");
+    static_assert(ShortStorage::kThreads == KernelStorage<Cache, NUM_HEADS>::kThreads, "one block size per variant");
+    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, true, false, true>;
+    const int smem_bytes = int(sizeof(ShortStorage)) + 1024;  // + room to align to 1024
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<grid, ShortStorage::kThreads, smem_bytes, stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;  // never called: this variant has no short-split kernel
+  }
+}
+
+}  // namespace mla
