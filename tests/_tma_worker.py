@@ -7,7 +7,7 @@ same inputs.
 JOBS.pt (torch.save): {"bases": {name: cpu tensor}, "jobs": [job, ...]}; a job is a dict with
 q, block_table, seq_lens (cpu tensors), kv (name of a base, size, stride, storage offset: the cache is
 that base on the GPU seen through as_strided, so expanded or overlapping views survive the trip),
-softmax_scale and num_kv_splits. RESULTS.pt: {"library": path of the loaded library, "mla_tma": the
+softmax_scale, num_kv_splits and k_scale (None, or the fp8 cache's scale). RESULTS.pt: {"library": path of the loaded library, "mla_tma": the
 MLA_TMA this process saw, "results": per job {"out", "lse"} (cpu) or {"error": "Type: message"}}.
 A failing launch is recorded and the next job runs; a crash (e.g. an illegal address) ends the
 process with a non-zero status, which the test reports with this process's stderr.
@@ -28,9 +28,11 @@ def main(jobs_path: str, results_path: str) -> None:
     for job in spec["jobs"]:
         name, size, stride, offset = job["kv"]
         kv = bases[name].as_strided(size, stride, offset)
-        case = PagedCase(job["q"].cuda(), kv, job["block_table"].cuda(), job["seq_lens"].cuda(), job["softmax_scale"])
+        k_scale = job.get("k_scale")
+        case = PagedCase(job["q"].cuda(), kv, job["block_table"].cuda(), job["seq_lens"].cuda(), job["softmax_scale"],
+                         k_scale)
         try:
-            out, lse = run_nan_prefilled(case, job["num_kv_splits"])
+            out, lse = run_nan_prefilled(case, job["num_kv_splits"], **({} if k_scale is None else {"k_scale": k_scale}))
             results.append({"out": out.cpu(), "lse": lse.cpu()})
         except Exception as e:  # noqa: BLE001 - recorded for the test to judge (MLA_TMA=require refusals)
             torch.cuda.synchronize()

@@ -156,18 +156,19 @@ _SWITCH_BUILDS = {
     # default) under the trace, and a build without it (MLA_FP8_SHORT_SPLIT_KEYS=0, an A/B's control).
     "fp8-short-trace": ("-DMLA_TRACE=1", ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),
     "fp8-short-off": ("-DMLA_FP8_SHORT_SPLIT_KEYS=0", ["mla_decode_h64_p64_fp8_e4m3_split"]),
-    # The fp8 raw bytes by TMA (prepared for an A/B): a split and a nosplit 64-row variant at pages 64 / 128.
-    "fp8-tma": ("-DMLA_FP8_TMA=1", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p128_fp8_e4m3_nosplit"]),
+    # The fp8 raw bytes by cp.async only (MLA_FP8_TMA=0; TMA is the default since v3.19): a split and a
+    # nosplit 64-row variant at pages 64 / 128.
+    "fp8-no-tma": ("-DMLA_FP8_TMA=0", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p128_fp8_e4m3_nosplit"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.
     "fp8-probe-no-widen": ("-DMLA_FP8_PROBE_NO_WIDEN=1 -DMLA_FP8_S_FIRST=1", ["mla_decode_h128_p64_fp8_e4m3_split"]),
 }
 
 
 # PTX that only a switch's code path emits: the build test fails if the switch never reached a kernel.
-_SWITCH_PTX = {"fp8-short-trace": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16",
-               "fp8-tma": b"cp.async.bulk.tensor.3d.shared::cluster.global"}
+_SWITCH_PTX = {"fp8-short-trace": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
 # ... and PTX a switch removes.
-_SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16"}
+_SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16",
+                  "fp8-no-tma": b"cp.async.bulk.tensor.3d.shared::cluster.global"}
 
 
 @needs_nvcc
@@ -175,8 +176,8 @@ _SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.
 def test_prepared_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
-    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA, prepared for an
-    A/B; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA=0, the fp8
+    cp.async-only control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]

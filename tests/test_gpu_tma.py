@@ -1,23 +1,27 @@
-"""The TMA path of bf16/fp16 variants with pages of 64 or 128 tokens (skipped without an sm_90 GPU, or
-when the build has no such variant).
+"""The TMA path of variants with pages of 64 or 128 tokens and more than 16 heads (skipped without an
+sm_90 GPU, or when the build has no such variant): bf16/fp16, and fp8_e4m3 (MLA_FP8_TMA).
 
-Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages, launch.cuh
-encode_kv_map); the tile holding a request's or split's end keeps cp.async with zero fill.
+Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages / kFp8TmaPages,
+launch.cuh encode_kv_map; for fp8 the raw bytes, before the copy warps widen them); the tile holding a
+request's or split's end keeps cp.async with zero fill, and so does the fp8 short-split kernel (a
+launch whose every split has at most MLA_FP8_SHORT_SPLIT_KEYS keys), so the fp8 cases here keep
+their splits long.
 MLA_TMA is read once per process at the first launch: "0" sends every tile through cp.async,
 "require" makes a launch whose tensor map cannot be encoded fail (RuntimeError) instead of falling
 back. So the TMA-vs-cp.async comparisons run the same saved inputs in two subprocesses
 (tests/_tma_worker.py) that differ only in MLA_TMA, and compare their outputs bit for bit: both paths
 put the same bytes in shared memory and the math is the same, so out and lse must be identical.
 
-- test_tma_variant_against_reference: every compiled p64/p128 16-bit variant with more than 16 heads
+- test_tma_variant_against_reference: every compiled p64/p128 variant with more than 16 heads
   (the transposed path of smaller head counts gathers with cp.async; in this process, TMA on
   unless MLA_TMA=0 here) on seq_lens {0, 1, 63, 64, 65, 127, 128, 129, 65536, 65537, 65599} in one
-  batch, q_len 1 and 2, forced splits, NaN-prefilled outputs, against the fp32 reference.
+  batch, q_len 1 and 2, forced splits, NaN-prefilled outputs, against the fp32 reference (for fp8: on
+  the dequantized cache, k_scale 0.0625, within mla_variants.testing.FP8_TOLERANCE).
 - test_tma_bitwise_equals_cp_async: MLA_TMA=require vs MLA_TMA=0, p64 and p128, split and not.
 - test_negative_page_id_in_a_full_tile: block_table entries of -1 inside a request's range (full
   tiles): cp.async zero-fills them, TMA reads an out-of-bounds box as zeros; both must agree bitwise
   and match the reference on a cache where those entries name an all-zero page.
-- test_require_*: MLA_TMA=require encodes an ordinary cache, and refuses (CUDA error 801) the legal
+- test_require_* (16-bit caches): MLA_TMA=require encodes an ordinary cache, and refuses (CUDA error 801) the legal
   caches TMA cannot address (stride-0 pages or tokens, a one-page cache with an odd page stride),
   which the default mode serves correctly through cp.async.
 """
@@ -38,9 +42,11 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
 import mla_variants  # noqa: E402
 from mla_variants import LibraryNotBuiltError, _binding, mla_decode_reference  # noqa: E402
 from mla_variants.api import ST_MAX_HEADS  # noqa: E402
-from mla_variants.testing import PagedCase, compare, make_paged_case, run_nan_prefilled  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, PagedCase, compare, make_paged_case, run_nan_prefilled  # noqa: E402
 
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
+FP8 = "fp8_e4m3"
+FP8_K_SCALE = 0.0625  # stored value x k_scale = real value: far from 1, so a scale applied twice or not at all fails
 TMA_PAGES = (64, 128)
 REPO = Path(mla_variants.__file__).resolve().parent.parent
 WORKER = Path(__file__).with_name("_tma_worker.py")
@@ -56,7 +62,7 @@ def _tma_keys():
     keys = sorted((k for k in table if k[1] in TMA_PAGES and k[2] in DT and k[0] > ST_MAX_HEADS),
                   key=lambda k: (k[1], k[2], k[0], k[3]))
     if not keys:
-        pytest.skip(f"no bf16/fp16 variant with page_size 64 or 128 and more than {ST_MAX_HEADS} heads is "
+        pytest.skip(f"no variant with page_size 64 or 128 and more than {ST_MAX_HEADS} heads is "
                     "compiled (only those take the TMA path)", allow_module_level=True)
     return keys
 
@@ -77,6 +83,32 @@ def _splits_of(split: bool):
     return (2, 7, 64) if split else (1,)
 
 
+def _q_dtype(dtype: str) -> torch.dtype:
+    return torch.bfloat16 if dtype == FP8 else DT[dtype]
+
+
+def _k_scale(dtype: str):
+    return FP8_K_SCALE if dtype == FP8 else None
+
+
+def _tolerance(dtype: str) -> dict:
+    return FP8_TOLERANCE if dtype == FP8 else {}
+
+
+_SEED = {"bf16": 0, "fp16": 1, FP8: 2}
+FP8_SHORT_SPLIT_KEYS = 128  # constants.cuh MLA_FP8_SHORT_SPLIT_KEYS (the default build's)
+
+
+def _assert_long_splits(dtype: str, max_seq_len: int, num_kv_splits: int) -> None:
+    """An fp8 launch whose splits all have at most FP8_SHORT_SPLIT_KEYS keys takes the short-split
+    kernel, which loads by cp.async only: such a case would compare cp.async with itself. The keys per
+    split as launch.cuh's short_split_keys counts them (whole 64-key tiles)."""
+    if dtype == FP8:
+        tiles = -(-max_seq_len // 64)
+        keys = -(-tiles // num_kv_splits) * 64
+        assert keys > FP8_SHORT_SPLIT_KEYS, f"fp8 case with {keys} keys per split would not take the TMA path"
+
+
 # ------------------------------------------------------------------------------------------------
 # 1. Every p64/p128 16-bit variant against the reference, 64K-token requests among short ones
 
@@ -92,7 +124,8 @@ def _long_case(page: int, dtype: str):
     heads = max(_heads(page, dtype))
     g = torch.Generator().manual_seed(1000 + page + (dtype == "fp16"))
     short = [n for n in LENS if n < LONG]
-    base = make_paged_case([LONG + 63] + short, heads, page, 2, DT[dtype], device="cpu", generator=g)
+    base = make_paged_case([LONG + 63] + short, heads, page, 2, DT[dtype], device="cpu", generator=g,
+                           k_scale=_k_scale(dtype))
     rows, short_rows = [], iter(range(1, len(short) + 1))
     for n in LENS:
         if n >= LONG:
@@ -101,13 +134,13 @@ def _long_case(page: int, dtype: str):
         else:
             row = base.block_table[next(short_rows)]
         rows.append(row)
-    q = (torch.randn(len(LENS), 2, heads, 576, generator=g) * 0.1).to(DT[dtype])
+    q = (torch.randn(len(LENS), 2, heads, 576, generator=g) * 0.1).to(_q_dtype(dtype))
     case = PagedCase(q.cuda(), base.kv_cache.cuda(), torch.stack(rows).cuda(),
-                     torch.tensor(LENS, dtype=torch.int32).cuda(), base.softmax_scale)
+                     torch.tensor(LENS, dtype=torch.int32).cuda(), base.softmax_scale, base.k_scale)
     refs = {}
     for q_len in (1, 2):
         refs[q_len] = mla_decode_reference(case.q[:, :q_len].contiguous(), case.kv_cache, case.block_table,
-                                           case.seq_lens, case.softmax_scale)
+                                           case.seq_lens, case.softmax_scale, k_scale=case.k_scale)
     return case, refs
 
 
@@ -120,12 +153,12 @@ def test_tma_variant_against_reference(key):
     case, refs = _long_case(page, dtype)
     for q_len in (1, 2):
         sub = PagedCase(case.q[:, :q_len, :heads].contiguous(), case.kv_cache, case.block_table, case.seq_lens,
-                        case.softmax_scale)
+                        case.softmax_scale, case.k_scale)
         ref_out, ref_lse = refs[q_len]
         ref_out, ref_lse = ref_out[:, :, :heads], ref_lse[:, :heads]
         for n in _splits_of(split):
-            out, lse = run_nan_prefilled(sub, n)
-            problems = compare(out, lse, ref_out, ref_lse)
+            out, lse = run_nan_prefilled(sub, n, **({"k_scale": sub.k_scale} if sub.k_scale is not None else {}))
+            problems = compare(out, lse, ref_out, ref_lse, **_tolerance(dtype))
             assert not problems, f"{_key_id(key)} q_len={q_len} num_kv_splits={n} seq_lens={LENS}: {problems}"
 
 
@@ -145,11 +178,13 @@ class _Jobs:
         """The cache the worker will see, built the same way here (on the GPU) for the reference."""
         return self.bases[name].cuda().as_strided(tuple(size), tuple(stride), offset)
 
-    def add(self, label: str, q, kv_spec, block_table, seq_lens, softmax_scale: float, num_kv_splits: int) -> int:
+    def add(self, label: str, q, kv_spec, block_table, seq_lens, softmax_scale: float, num_kv_splits: int,
+            k_scale: float | None = None) -> int:
         self.jobs.append({"q": q.detach().cpu().contiguous(), "kv": kv_spec,
                           "block_table": block_table.detach().cpu().contiguous(),
                           "seq_lens": seq_lens.detach().cpu().contiguous(),
-                          "softmax_scale": float(softmax_scale), "num_kv_splits": int(num_kv_splits)})
+                          "softmax_scale": float(softmax_scale), "num_kv_splits": int(num_kv_splits),
+                          "k_scale": None if k_scale is None else float(k_scale)})
         self.labels.append(label)
         return len(self.jobs) - 1
 
@@ -198,9 +233,9 @@ def _assert_bitwise(a, b, what):
         pytest.fail(f"{what}: lse differs in {int(diff.sum())} of {diff.numel()} rows")
 
 
-def _assert_matches(res, ref, what):
+def _assert_matches(res, ref, what, dtype: str = "bf16"):
     out, lse = _ok(res, what)
-    problems = compare(out.cuda(), lse.cuda(), *ref)
+    problems = compare(out.cuda(), lse.cuda(), *ref, **_tolerance(dtype))
     assert not problems, f"{what}: {problems}"
 
 
@@ -214,10 +249,11 @@ def _contiguous_spec(name, kv):
 def test_tma_bitwise_equals_cp_async(tmp_path):
     jobs, refs = _Jobs(), []
     for page, dtype in PAGE_DTYPES:
-        g = torch.Generator().manual_seed(2000 + page + (dtype == "fp16"))
+        g = torch.Generator().manual_seed(2000 + page + _SEED[dtype])
         lens = [0, 1, 63, 64, 65, 127, 128, 129, 2 * page + 64, 4097, 4160]  # 4160: 65 full tiles
         heads_all = _heads(page, dtype)
-        case = make_paged_case(lens, max(heads_all), page, 2, DT[dtype], device="cpu", generator=g)
+        case = make_paged_case(lens, max(heads_all), page, 2, DT[dtype], device="cpu", generator=g,
+                               k_scale=_k_scale(dtype))
         name = f"p{page}_{dtype}"
         jobs.add_base(name, case.kv_cache)
         spec = _contiguous_spec(name, case.kv_cache)
@@ -228,14 +264,17 @@ def test_tma_bitwise_equals_cp_async(tmp_path):
                 for q_len in (1, 2):
                     q = case.q[:, :q_len, :heads]
                     ref = mla_decode_reference(q.cuda(), kv, case.block_table.cuda(), case.seq_lens.cuda(),
-                                               case.softmax_scale)
-                    for n in ((3, 64) if split else (1,)):
+                                               case.softmax_scale, k_scale=case.k_scale)
+                    # fp8: 64 splits of 4160 keys would be short (the short-split kernel, no TMA)
+                    for n in (((2, 3) if dtype == FP8 else (3, 64)) if split else (1,)):
+                        _assert_long_splits(dtype, max(lens), n)
                         jobs.add(f"{name} heads={heads} q_len={q_len} num_kv_splits={n}", q, spec,
-                                 case.block_table, case.seq_lens, case.softmax_scale, n)
-                        refs.append(ref)
+                                 case.block_table, case.seq_lens, case.softmax_scale, n, case.k_scale)
+                        refs.append((ref, dtype))
     got = jobs.run(tmp_path, ("require", "0"))
     for i, label in enumerate(jobs.labels):
-        _assert_matches(got["require"][i], refs[i], f"MLA_TMA=require, {label}")
+        ref, dtype = refs[i]
+        _assert_matches(got["require"][i], ref, f"MLA_TMA=require, {label}", dtype)
         _assert_bitwise(got["require"][i], got["0"][i], f"MLA_TMA=require vs MLA_TMA=0, {label}")
 
 
@@ -249,16 +288,18 @@ def test_negative_page_id_in_a_full_tile(tmp_path):
     on the cache plus one all-zero page, with those entries pointing at it."""
     jobs, refs = _Jobs(), []
     for page, dtype in PAGE_DTYPES:
-        g = torch.Generator().manual_seed(3000 + page + (dtype == "fp16"))
+        g = torch.Generator().manual_seed(3000 + page + _SEED[dtype])
         lens = [6 * page + 17, 2 * page + 5, 3 * page]
-        case = make_paged_case(lens, max(_heads(page, dtype)), page, 2, DT[dtype], device="cpu", generator=g)
+        case = make_paged_case(lens, max(_heads(page, dtype)), page, 2, DT[dtype], device="cpu", generator=g,
+                               k_scale=_k_scale(dtype))
         holes = [(0, 0), (0, 2), (2, 1), (2, 2)]  # first page, a middle page, a request's last (full) page
         table, table_ref = case.block_table.clone(), case.block_table.clone()
         num_pages = case.kv_cache.shape[0]
         for b, j in holes:
             assert j * page + page <= lens[b], "each hole must cover full tiles only (the TMA path)"
             table[b, j], table_ref[b, j] = -1, num_pages
-        kv_ref = torch.cat([case.kv_cache, torch.zeros_like(case.kv_cache[:1])]).cuda()
+        kv_ref = torch.cat([case.kv_cache.view(torch.uint8), torch.zeros_like(case.kv_cache[:1].view(torch.uint8))]
+                           ).view(case.kv_cache.dtype).cuda()  # (bytes: torch.cat has no fp8 kernel on every build)
         name = f"p{page}_{dtype}"
         jobs.add_base(name, case.kv_cache)
         spec = _contiguous_spec(name, case.kv_cache)
@@ -268,14 +309,17 @@ def test_negative_page_id_in_a_full_tile(tmp_path):
                 continue
             for q_len in (1, 2):
                 q = case.q[:, :q_len, :hs[0]]
-                ref = mla_decode_reference(q.cuda(), kv_ref, table_ref.cuda(), case.seq_lens.cuda(), case.softmax_scale)
-                for n in ((2, 5) if split else (1,)):
+                ref = mla_decode_reference(q.cuda(), kv_ref, table_ref.cuda(), case.seq_lens.cuda(), case.softmax_scale,
+                                           k_scale=case.k_scale)
+                for n in (((2, 3) if dtype == FP8 else (2, 5)) if split else (1,)):
+                    _assert_long_splits(dtype, max(lens), n)
                     jobs.add(f"{name} heads={hs[0]} q_len={q_len} num_kv_splits={n} holes={holes}", q, spec, table,
-                             case.seq_lens, case.softmax_scale, n)
-                    refs.append(ref)
+                             case.seq_lens, case.softmax_scale, n, case.k_scale)
+                    refs.append((ref, dtype))
     got = jobs.run(tmp_path, ("require", "0"))
     for i, label in enumerate(jobs.labels):
-        _assert_matches(got["0"][i], refs[i], f"MLA_TMA=0 (cp.async), page id -1 reads zeros, {label}")
+        ref, dtype = refs[i]
+        _assert_matches(got["0"][i], ref, f"MLA_TMA=0 (cp.async), page id -1 reads zeros, {label}", dtype)
         _assert_bitwise(got["require"][i], got["0"][i], f"page id -1: MLA_TMA=require vs MLA_TMA=0, {label}")
 
 
@@ -292,7 +336,7 @@ def test_negative_page_id_in_a_full_tile(tmp_path):
 # cp.async for every tile and must still be right.
 
 def _first_dtype(page):
-    got = [d for p, d in PAGE_DTYPES if p == page]
+    got = [d for p, d in PAGE_DTYPES if p == page and d != FP8]  # these cases build 16-bit caches
     return got[0] if got else None
 
 
@@ -364,6 +408,8 @@ def test_require_with_overlapping_token_rows(tmp_path):
     matches cp.async bit for bit, or it fails with 801; the default mode must be right either way."""
     page = 64 if _first_dtype(64) else 128
     dtype = _first_dtype(page)
+    if dtype is None:
+        pytest.skip("no bf16/fp16 variant with page_size 64 or 128 and more than 16 heads is compiled")
     heads = _heads(page, dtype)[0]
     g = torch.Generator().manual_seed(6000 + page)
     pages, tok, pg = 6, 64, 64 * page + 512

@@ -61,14 +61,15 @@
 #define MLA_FP8_S_FIRST 0
 #endif
 
-// MLA_FP8_TMA (default 0, prepared for an A/B, not GPU-run; needs MLA_TMA): on the 64-row fp8 path
-// with a page size that is a multiple of 64, the copy warps load each full 64-token tile's raw bytes
-// by TMA (one box of 64 bytes x 64 tokens per slot, no swizzle: the raw rows are plain row-major at
-// kRawSlotOffset of each slot) instead of 256 16-byte cp.async per slot; the tile that holds kv_end
-// keeps cp.async and its zero fill. What it tests (perf-notes v3.18): without widening the fp8 kernel
-// is still 1.14x bf16 at 128 x 128 x 16384, and bf16 loads by TMA.
+// MLA_FP8_TMA (default 1; needs MLA_TMA): on the 64-row fp8 path with a page size that is a multiple
+// of 64, the copy warps load each full 64-token tile's raw bytes by TMA (one box of 64 bytes x 64
+// tokens per slot, no swizzle: the raw rows are plain row-major at kRawSlotOffset of each slot)
+// instead of 256 16-byte cp.async per slot; the tile that holds kv_end keeps cp.async and its zero
+// fill, and so does the short-split kernel. Measured (perf-notes v3.19): 0.973 geomean over 74 fp8
+// anchors at 32-128 heads, pages 64/128; 0.93-0.96 at batch >= 32 x 4096+; with S first too 0.998.
+// 0 compiles cp.async back in for every fp8 tile (MLA_TMA=0 in the environment does that at run time).
 #ifndef MLA_FP8_TMA
-#define MLA_FP8_TMA 0
+#define MLA_FP8_TMA 1
 #endif
 
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
