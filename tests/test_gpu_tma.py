@@ -24,6 +24,8 @@ put the same bytes in shared memory and the math is the same, so out and lse mus
 - test_require_* (16-bit caches): MLA_TMA=require encodes an ordinary cache, and refuses (CUDA error 801) the legal
   caches TMA cannot address (stride-0 pages or tokens, a one-page cache with an odd page stride),
   which the default mode serves correctly through cp.async.
+- test_require_refuses_an_fp8_cache_tma_cannot_address: the same refusal for the fp8 64-token kernel's
+  byte map (proof that the fp8 launch encodes one), and the cp.async fallback right.
 """
 import functools
 import os
@@ -96,13 +98,14 @@ def _tolerance(dtype: str) -> dict:
 
 
 _SEED = {"bf16": 0, "fp16": 1, FP8: 2}
-FP8_SHORT_SPLIT_KEYS = 128  # constants.cuh MLA_FP8_SHORT_SPLIT_KEYS (the default build's)
+FP8_SHORT_SPLIT_KEYS = 128  # constants.cuh MLA_FP8_SHORT_SPLIT_KEYS (the default build's; these tests assume it)
 
 
 def _assert_long_splits(dtype: str, max_seq_len: int, num_kv_splits: int) -> None:
     """An fp8 launch whose splits all have at most FP8_SHORT_SPLIT_KEYS keys takes the short-split
-    kernel, which loads by cp.async only: such a case would compare cp.async with itself. The keys per
-    split as launch.cuh's short_split_keys counts them (whole 64-key tiles)."""
+    kernel, which loads by cp.async only: such a case would compare cp.async with itself. Pass the bound
+    the launcher sees: run_nan_prefilled gives no max_seq_len, so launch.cuh's short_split_keys takes the
+    block table's capacity (max_pages x page_size), in whole 64-key tiles per split."""
     if dtype == FP8:
         tiles = -(-max_seq_len // 64)
         keys = -(-tiles // num_kv_splits) * 64
@@ -110,7 +113,7 @@ def _assert_long_splits(dtype: str, max_seq_len: int, num_kv_splits: int) -> Non
 
 
 # ------------------------------------------------------------------------------------------------
-# 1. Every p64/p128 16-bit variant against the reference, 64K-token requests among short ones
+# 1. Every p64/p128 variant with more than 16 heads against the reference, 64K-token requests among short ones
 
 LONG = 64 * 1024
 LENS = [LONG, 1, LONG + 1, 63, 64, 0, 65, 127, LONG + 63, 128, 129]
@@ -157,6 +160,7 @@ def test_tma_variant_against_reference(key):
         ref_out, ref_lse = refs[q_len]
         ref_out, ref_lse = ref_out[:, :, :heads], ref_lse[:, :heads]
         for n in _splits_of(split):
+            _assert_long_splits(dtype, case.block_table.shape[1] * page, n)
             out, lse = run_nan_prefilled(sub, n, **({"k_scale": sub.k_scale} if sub.k_scale is not None else {}))
             problems = compare(out, lse, ref_out, ref_lse, **_tolerance(dtype))
             assert not problems, f"{_key_id(key)} q_len={q_len} num_kv_splits={n} seq_lens={LENS}: {problems}"
@@ -267,7 +271,7 @@ def test_tma_bitwise_equals_cp_async(tmp_path):
                                                case.softmax_scale, k_scale=case.k_scale)
                     # fp8: 64 splits of 4160 keys would be short (the short-split kernel, no TMA)
                     for n in (((2, 3) if dtype == FP8 else (3, 64)) if split else (1,)):
-                        _assert_long_splits(dtype, max(lens), n)
+                        _assert_long_splits(dtype, case.block_table.shape[1] * page, n)
                         jobs.add(f"{name} heads={heads} q_len={q_len} num_kv_splits={n}", q, spec,
                                  case.block_table, case.seq_lens, case.softmax_scale, n, case.k_scale)
                         refs.append((ref, dtype))
@@ -312,7 +316,7 @@ def test_negative_page_id_in_a_full_tile(tmp_path):
                 ref = mla_decode_reference(q.cuda(), kv_ref, table_ref.cuda(), case.seq_lens.cuda(), case.softmax_scale,
                                            k_scale=case.k_scale)
                 for n in (((2, 3) if dtype == FP8 else (2, 5)) if split else (1,)):
-                    _assert_long_splits(dtype, max(lens), n)
+                    _assert_long_splits(dtype, table.shape[1] * page, n)
                     jobs.add(f"{name} heads={hs[0]} q_len={q_len} num_kv_splits={n} holes={holes}", q, spec, table,
                              case.seq_lens, case.softmax_scale, n, case.k_scale)
                     refs.append((ref, dtype))
@@ -388,6 +392,8 @@ def test_require_encodes_a_contiguous_cache_and_refuses_what_tma_cannot_address(
         refs[i] = mla_decode_reference(case.q.cuda(), jobs.view(*spec), case.block_table.cuda(), case.seq_lens.cuda(),
                                        case.softmax_scale)
         _unencodable_jobs(jobs, page, dtype, refs)
+    if not jobs.jobs:
+        pytest.skip("no bf16/fp16 variant with page_size 64 or 128 and more than 16 heads is compiled")
     got = jobs.run(tmp_path, ("require", "0", None))
     for i, label in enumerate(jobs.labels):
         _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}")
@@ -430,3 +436,36 @@ def test_require_with_overlapping_token_rows(tmp_path):
         pytest.skip(f"the driver does not encode a tensor map with overlapping token rows ({err}); "
                     "the default mode falls back to cp.async and is right (checked)")
     _assert_bitwise(got["require"][0], got["0"][0], "MLA_TMA=require vs MLA_TMA=0, overlapping token rows")
+
+
+def test_require_refuses_an_fp8_cache_tma_cannot_address(tmp_path):
+    """The fp8 64-token kernel encodes its map over bytes (MLA_FP8_TMA): under MLA_TMA=require a cache
+    whose pages are expanded from one page (page stride 0) must fail with 801, which proves the fp8
+    launch tried to encode one (a build without the fp8 TMA path would launch and pass silently); by
+    default and with MLA_TMA=0 the same cache goes through cp.async and matches the reference."""
+    from mla_variants.fp8 import quantize_kv
+    pages = [p for p, d in PAGE_DTYPES if d == FP8]
+    if not pages:
+        pytest.skip("no fp8_e4m3 variant with page_size 64 or 128 and more than 16 heads is compiled")
+    jobs, refs = _Jobs(), []
+    for page in pages:
+        heads = _heads(page, FP8)[0]
+        g = torch.Generator().manual_seed(7000 + page)
+        name = f"fp8_one_page_p{page}"
+        jobs.add_base(name, quantize_kv(torch.randn(1, page, 576, generator=g) * 0.1, FP8_K_SCALE))
+        spec = (name, (4, page, 576), (0, 576, 1), 0)
+        q = (torch.randn(2, 1, heads, 576, generator=g) * 0.1).to(torch.bfloat16)
+        table = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=torch.int32)
+        lens = torch.tensor([3 * page + 10, page + 1], dtype=torch.int32)
+        _assert_long_splits(FP8, table.shape[1] * page, 1)
+        scale = (128 + 64) ** -0.5
+        jobs.add(f"p{page} fp8 heads={heads} page stride 0 (expanded pages)", q, spec, table, lens, scale, 1, FP8_K_SCALE)
+        refs.append(mla_decode_reference(q.cuda(), jobs.view(*spec), table.cuda(), lens.cuda(), scale,
+                                         k_scale=FP8_K_SCALE))
+    got = jobs.run(tmp_path, ("require", "0", None))
+    for i, label in enumerate(jobs.labels):
+        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}", FP8)
+        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
+        err = got["require"][i].get("error")
+        assert err is not None, f"MLA_TMA=require, {label}: launched, but the fp8 map should be refused"
+        assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"

@@ -66,7 +66,7 @@
 // tokens per slot, no swizzle: the raw rows are plain row-major at kRawSlotOffset of each slot)
 // instead of 256 16-byte cp.async per slot; the tile that holds kv_end keeps cp.async and its zero
 // fill, and so does the short-split kernel. Measured (perf-notes v3.19): 0.973 geomean over 74 fp8
-// anchors at 32-128 heads, pages 64/128; 0.93-0.96 at batch >= 32 x 4096+; with S first too 0.998.
+// anchors at 32-128 heads, pages 64/128; 0.93-0.98 at batch >= 32 x 4096+; S first on top gave most of that back (0.998).
 // 0 compiles cp.async back in for every fp8 tile (MLA_TMA=0 in the environment does that at run time).
 #ifndef MLA_FP8_TMA
 #define MLA_FP8_TMA 1

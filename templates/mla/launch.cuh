@@ -18,8 +18,8 @@ namespace mla {
 
 #if MLA_TMA
 // The environment variable MLA_TMA, read once: "0" turns the TMA path off (every tile takes cp.async:
-// an A/B without a rebuild); "require" makes a page-64/128 bf16/fp16 launch (and, built with
-// an fp8 launch of the 64-token kernel, MLA_FP8_TMA) whose tensor map cannot be encoded fail with
+// an A/B without a rebuild); "require" makes a page-64/128 launch (bf16/fp16, and fp8's 64-token
+// kernel with MLA_FP8_TMA, the default) whose tensor map cannot be encoded fail with
 // cudaErrorNotSupported instead of falling back to cp.async, so an A/B or a test can prove that the
 // TMA path ran; anything else (or unset) is the default: TMA where it can be encoded.
 enum class TmaMode { kOff, kAuto, kRequire };
