@@ -87,6 +87,46 @@ constexpr bool kFp8TmaPages =
     MLA_TMA != 0 && MLA_FP8_TMA != 0 && CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
 constexpr int kBarFp8Copy = 7;  // named barrier over the fp8 copy warps (MLA_FP8_TMA)
 
+// The TMA loop of produce (bf16/fp16) and copy_fp8_tiles (fp8 raw bytes): tiles [t0, t1), all full,
+// of kv_begin's request, stage t % kRing, called by one converged warp whose lane 0 issues. Per slot
+// the warp waits for the slot's release (phases: the parity of each stage's first use, as in produce),
+// then lane 0 announces kBytes on the slot's full barrier `full(slot)`, issues the box into
+// dst(stage) + c * kSlotStride (coordinates: column block c, the tile's token offset in its page, the
+// page) and arrives for the other kArrivals - 1 threads the barrier counts. The page is looked up one
+// tile ahead. kUnrollSlots: the nine slots unrolled (bf16's) or a rolled loop (fp8's few registers).
+template <int PAGE_SIZE, int kRing, uint32_t kBytes, uint32_t kSlotStride, int kArrivals, bool kUnrollSlots,
+          class Storage, class Dst, class Full>
+__device__ __forceinline__ void tma_full_tiles(Storage& s, const int32_t* table, int kv_begin, int t0, int t1,
+                                               int lane, const void* kv_map, int phases, Dst&& dst, Full&& full) {
+  int32_t pg = t0 < t1 ? table[(kv_begin + t0 * kBlockN) / PAGE_SIZE] : 0;
+  for (int t = t0; t < t1; ++t) {
+    const int tile_start = kv_begin + t * kBlockN;
+    const int32_t next_pg = t + 1 < t1 ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
+    const int stage = t % kRing;
+    const int empty_parity = (((t / kRing) ^ (phases >> stage)) & 1) ^ 1;  // the first use does not wait
+    const uint32_t stage_base = dst(stage);
+    auto slot_step = [&](int c) {
+      const int slot = stage * kSubTiles + c;
+      wait_barrier(&s.kv_empty[slot], empty_parity);
+      if (lane == 0) {
+        arrive_expect_tx(full(slot), kBytes);
+        tma_load_3d(stage_base + uint32_t(c) * kSlotStride, kv_map, full(slot), c * kSubTileCols,
+                    tile_start % PAGE_SIZE, pg);
+        arrive_barrier_count(full(slot), kArrivals - 1);
+      }
+      __syncwarp();
+    };
+    if constexpr (kUnrollSlots) {
+      CUTE_UNROLL
+      for (int c = 0; c < kSubTiles; ++c) slot_step(c);
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < kSubTiles; ++c) slot_step(c);
+    }
+    pg = next_pg;
+  }
+}
+
 // The whole producer: Q, then every KV tile of [kv_begin, kv_end) sub-tile by sub-tile. Eight
 // threads share a 128-byte row segment of a sub-tile (one 16-byte chunk each), so every warp
 // instruction reads 4 full 128-byte lines; a thread owns the tile's rows ptid / 8 + 16 j (j < 4),
@@ -154,28 +194,10 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
     if (kv_map != nullptr) {
       const int full_tiles = (kv_end - kv_begin) / kBlockN;  // every tile but a partial last one
       if (ptid < 32) {  // warp 0 waits (converged); its lane 0 issues
-        // This tile's page (a tile is the 64 tokens at offset tile_start % PAGE_SIZE of one page),
-        // looked up one tile ahead.
-        int32_t pg = full_tiles > 0 ? table[kv_begin / PAGE_SIZE] : 0;
-        for (int t = 0; t < full_tiles; ++t) {
-          const int tile_start = kv_begin + t * kBlockN;
-          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
-          const int stage = t % kStages;
-          const uint32_t stage_base = smem_u32(s.kv[stage]);
-          CUTE_UNROLL
-          for (int c = 0; c < kSubTiles; ++c) {
-            const int slot = stage * kSubTiles + c;
-            wait_barrier(&s.kv_empty[slot], empty_parity_of(t));
-            if (ptid == 0) {
-              arrive_expect_tx(&s.kv_full[slot], uint32_t(kBlockN * kSubTileCols * sizeof(Element)));
-              tma_load_3d(stage_base + uint32_t(c) * 8192u, kv_map, &s.kv_full[slot], c * kSubTileCols,
-                          tile_start % PAGE_SIZE, pg);
-              arrive_barrier_count(&s.kv_full[slot], kProducerThreads - 1);
-            }
-            __syncwarp();
-          }
-          pg = next_pg;
-        }
+        tma_full_tiles<PAGE_SIZE, kStages, uint32_t(kBlockN * kSubTileCols * sizeof(Element)), 8192u, kProducerThreads,
+                       /*kUnrollSlots=*/true>(
+            s, table, kv_begin, 0, full_tiles, ptid, kv_map, phases, [&](int stage) { return smem_u32(s.kv[stage]); },
+            [&](int slot) { return &s.kv_full[slot]; });
       }
       asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");
       first_copied = full_tiles;
@@ -264,7 +286,7 @@ __device__ __forceinline__ void widen_barrier() {
 // the upper half of an fp16 slot on the 64-row path (64 copy threads, 2 fp16 stages; 4 of 32 tokens
 // in the short-split kernel), a 4 KiB raw slot of the transposed path's ring (128 copy threads, 4 stages).
 // Pages are looked up one tile ahead; rows past kv_end are zero bytes.
-// kv_map (MLA_FP8_TMA, 64-token tiles only; null otherwise): the full tiles go by TMA as in produce:
+// kv_map (MLA_FP8_TMA, 64-token tiles only; null otherwise): the full tiles go by TMA as in produce (tma_full_tiles):
 // warp 0 waits for each slot's release together, its lane 0 announces the 4 KiB on the slot's
 // raw_full barrier, issues the box and arrives for the other copy threads; warp 1 waits at a named
 // barrier of the copy warps meanwhile, so no copy thread waits more than one phase ahead (produce's
@@ -284,27 +306,11 @@ __device__ __forceinline__ void copy_fp8_tiles(Storage& s, const MlaDecodeArgs& 
     if (kv_map != nullptr) {
       const int full_tiles = min(last_tile, (kv_end - kv_begin) / kTileN);
       if (ct < 32) {  // warp 0 waits (converged); its lane 0 issues
-        int32_t pg = first_tile < full_tiles ? table[(kv_begin + first_tile * kTileN) / PAGE_SIZE] : 0;
-        for (int t = first_tile; t < full_tiles; ++t) {
-          const int tile_start = kv_begin + t * kTileN;
-          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kTileN) / PAGE_SIZE] : 0;
-          const int stage = t % Storage::kRing;
-          const int empty_parity = ((t / Storage::kRing) & 1) ^ 1;
-          const uint32_t raw_base = smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset;
-#pragma unroll 1
-          for (int c = 0; c < kSubTiles; ++c) {
-            const int slot = stage * kSubTiles + c;
-            wait_barrier(&s.kv_empty[slot], empty_parity);
-            if (ct == 0) {
-              arrive_expect_tx(s.raw_landed(slot), uint32_t(kTileN * kSubTileCols));
-              tma_load_3d(raw_base + uint32_t(c * kSlotBytes), kv_map, s.raw_landed(slot), c * kSubTileCols,
-                          tile_start % PAGE_SIZE, pg);
-              arrive_barrier_count(s.raw_landed(slot), kCopyThreads - 1);
-            }
-            __syncwarp();
-          }
-          pg = next_pg;
-        }
+        tma_full_tiles<PAGE_SIZE, Storage::kRing, uint32_t(kTileN * kSubTileCols), uint32_t(kSlotBytes), kCopyThreads,
+                       /*kUnrollSlots=*/false>(
+            s, table, kv_begin, first_tile, full_tiles, ct, kv_map, /*phases=*/0,
+            [&](int stage) { return smem_u32(&s.kv[stage]) + Storage::kRawSlotOffset; },
+            [&](int slot) { return s.raw_landed(slot); });
       }
       asm volatile("bar.sync %0, %1;\n" ::"n"(kBarFp8Copy), "n"(kCopyThreads) : "memory");
       first_tile = max(first_tile, full_tiles);
