@@ -72,6 +72,14 @@
 #define MLA_FP8_TMA 1
 #endif
 
+// MLA_SCHED_EARLY_Q (default 0; prepared for an A/B, compile-checked, not GPU-run): the balanced
+// schedule's kernel releases Q (q_empty) per math warp right after its warpgroup's last S of a
+// segment instead of after the segment's last P V, so the next segment's Q load overlaps the last
+// tile's softmax and P V (perf-notes v3.19 Next 4: a scheduled CTA pays 6.2 us per segment).
+#ifndef MLA_SCHED_EARLY_Q
+#define MLA_SCHED_EARLY_Q 0
+#endif
+
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
 // warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
 // as fp16. What the kernel would take if widening were free: with S first too, whether the widening
