@@ -134,8 +134,11 @@ def compare(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse
 def run_nan_prefilled(case: PagedCase, num_kv_splits: int | None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """mla_decode on `case` into out / lse buffers prefilled with NaN (so a row the kernel forgets to
     write cannot pass), then a device synchronization. Extra keyword arguments go to mla_decode (e.g.
-    k_scale=...). Returns (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len])."""
+    k_scale=...; an fp8 case's own k_scale is passed unless one is given). Returns (out [batch, q_len,
+    num_heads, 512] in q's dtype, lse [batch, num_heads, q_len])."""
     from .api import mla_decode
+    if case.k_scale is not None:
+        kwargs.setdefault("k_scale", case.k_scale)
     batch, q_len, num_heads = case.q.shape[:3]
     out = torch.full((batch, q_len, num_heads, 512), float("nan"), dtype=case.q.dtype, device=case.q.device)
     lse = torch.full((batch, num_heads, q_len), float("nan"), dtype=torch.float32, device=case.q.device)

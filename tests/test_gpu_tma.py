@@ -1,7 +1,7 @@
 """The TMA path of variants with pages of 64 or 128 tokens and more than 16 heads (skipped without an
 sm_90 GPU, or when the build has no such variant): bf16/fp16, and fp8_e4m3 (MLA_FP8_TMA).
 
-Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages / kFp8TmaPages,
+Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages,
 launch.cuh encode_kv_map; for fp8 the raw bytes, before the copy warps widen them); the tile holding a
 request's or split's end keeps cp.async with zero fill, and so does the fp8 short-split kernel (a
 launch whose every split has at most MLA_FP8_SHORT_SPLIT_KEYS keys), so the fp8 cases here keep
@@ -161,7 +161,7 @@ def test_tma_variant_against_reference(key):
         ref_out, ref_lse = ref_out[:, :, :heads], ref_lse[:, :heads]
         for n in _splits_of(split):
             _assert_long_splits(dtype, case.block_table.shape[1] * page, n)
-            out, lse = run_nan_prefilled(sub, n, **({"k_scale": sub.k_scale} if sub.k_scale is not None else {}))
+            out, lse = run_nan_prefilled(sub, n)
             problems = compare(out, lse, ref_out, ref_lse, **_tolerance(dtype))
             assert not problems, f"{_key_id(key)} q_len={q_len} num_kv_splits={n} seq_lens={LENS}: {problems}"
 

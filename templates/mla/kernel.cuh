@@ -63,7 +63,7 @@ struct DecodeParams {
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
   // the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box {64, 64, 1},
-  // 128-byte swizzle (MLA_FP8_TMA's kFp8TmaPages: bytes, no swizzle). CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
+  // 128-byte swizzle (fp8, MLA_FP8_TMA: bytes, no swizzle). CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is DecodeParams; the kernel takes it as a
   // __grid_constant__ parameter, which TMA reads through its generic address.
   int use_tma;
   CUtensorMap kv_map;
@@ -682,6 +682,18 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   allow_dependent_launch<SPLIT>();
 }
 
+// The tensor map a producer loads full tiles with (kTmaPages variants whose host encoded one; not the
+// fp8 short-split kernel), or null: every tile by cp.async.
+template <class Cache, int PAGE_SIZE, int NUM_HEADS, bool SHORT>
+__device__ __forceinline__ const void* kv_map_of(const DecodeParams& p) {
+#if MLA_TMA
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> && !SHORT) {
+    if (p.use_tma) return &p.kv_map;
+  }
+#endif
+  return nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. Grid: x = m_block + num_m_blocks * request, y = split (balanced schedule: x = m_block +
 // num_m_blocks * c, y = 1).
@@ -752,13 +764,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
     if constexpr (SCHED) {
-      const void* kv_map = nullptr;
-#if MLA_TMA
-      if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
-        if (p.use_tma) kv_map = &p.kv_map;
-      }
-#endif
-      produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map);
+      produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
       return;
     }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
@@ -767,22 +773,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       if constexpr (Storage::kRegWiden) {
         produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
-        const void* kv_map = nullptr;
-#if MLA_TMA
-        if constexpr (kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS> && !SHORT) {
-          if (p.use_tma) kv_map = &p.kv_map;
-        }
-#endif
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
-                                          tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x, kv_map);
+                                          tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x,
+                                          kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
       } else {
-        const void* kv_map = nullptr;
-#if MLA_TMA
-        if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
-          if (p.use_tma) kv_map = &p.kv_map;
-        }
-#endif
-        produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x, kv_map);
+        produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x,
+                                                      kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
       }
       trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {

@@ -161,7 +161,7 @@ int launch(const MlaDecodeArgs* args) {
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
   // MLA_FP8_TMA's map serves the 64-token fp8 kernel only, not the short-split one.
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> || kFp8TmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
     if (!short_split) {
       p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
       if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);

@@ -78,13 +78,11 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // per sub-tile addresses. Only the 64-row path takes it: variants on the transposed path (kUseSt,
 // at most 16 heads) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
 // (MLA_TMA=0: 4.28 vs 4.07 TB/s at 16 x 128 x 16384; docs/perf-notes.md, v3.5).
+// fp8 caches (MLA_FP8_TMA, constants.cuh) take the same tiling for their raw bytes (copy_fp8_tiles), in
+// the 64-token kernel only (not the short-split one).
 template <class Cache, int PAGE_SIZE, int NUM_HEADS>
-constexpr bool kTmaPages =
-    MLA_TMA != 0 && !CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
-// MLA_FP8_TMA (constants.cuh): the same tiling for the 64-row fp8 path's raw bytes (copy_fp8_tiles).
-template <class Cache, int PAGE_SIZE, int NUM_HEADS>
-constexpr bool kFp8TmaPages =
-    MLA_TMA != 0 && MLA_FP8_TMA != 0 && CacheTypes<Cache>::kFp8 && PAGE_SIZE % kBlockN == 0 && !kUseSt<NUM_HEADS>;
+constexpr bool kTmaPages = MLA_TMA != 0 && (!CacheTypes<Cache>::kFp8 || MLA_FP8_TMA != 0) && PAGE_SIZE % kBlockN == 0 &&
+                           !kUseSt<NUM_HEADS>;
 constexpr int kBarFp8Copy = 7;  // named barrier over the fp8 copy warps (MLA_FP8_TMA)
 
 // The TMA loop of produce (bf16/fp16) and copy_fp8_tiles (fp8 raw bytes): tiles [t0, t1), all full,
