@@ -165,8 +165,14 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
     usage_path = build_dir / "resource_usage.json"
     usage = json.loads(usage_path.read_text()) if usage_path.exists() else {}
     usage.update(parse_resource_usage(log))
-    usage = {k: usage[k] for k in sorted(usage) if k in {v.name for v in variants}}
-    write_if_changed(usage_path, json.dumps(usage, indent=2, sort_keys=True) + "\n")
+    # The file keeps the records of every variant whose source is still in generated/ (render keeps the
+    # sources of variants left out of this selection, whose objects a later build relinks without
+    # recompiling, so ptxas would not report them again); the summary covers this selection.
+    selected = {v.name for v in variants}
+    kept = selected | {f.stem for f in (generated_dir / "variants").glob("*.cu")}
+    write_if_changed(usage_path, json.dumps({k: usage[k] for k in sorted(usage) if k in kept}, indent=2,
+                                            sort_keys=True) + "\n")
+    usage = {k: usage[k] for k in sorted(usage) if k in selected}
     spilled = [n for n, r in usage.items() if max(r.get("spill_store_bytes", 0), r.get("spill_load_bytes", 0),
                                                   r.get("stack_bytes", 0)) > 0]
     if spilled:

@@ -70,6 +70,24 @@ def test_second_build_compiles_nothing(ci_build):
 
 
 @needs_nvcc
+def test_a_narrower_build_keeps_the_others_resource_records(ci_build):
+    """Building a subset relinks the library from objects already compiled; building the whole preset
+    again compiles nothing, so ptxas reports nothing: the records of the variants left out must have
+    survived in resource_usage.json (else `list` shows '?' and the spill check misses them)."""
+    gen, bld, _, _ = ci_build
+    before = json.loads((bld / "resource_usage.json").read_text())
+    p = _cli("build", "--preset", "ci", "--filter", "h16_p64_bf16*", "--generated-dir", str(gen), "--build-dir", str(bld))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "built 2 variants (0 translation units compiled)" in p.stdout
+    p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "built 4 variants (0 translation units compiled)" in p.stdout
+    assert json.loads((bld / "resource_usage.json").read_text()) == before
+    regs = sorted(r["registers"] for r in before.values())
+    assert f"registers {regs[0]}-{regs[-1]}, no spills" in p.stdout
+
+
+@needs_nvcc
 def test_list_prints_the_dispatch_table(ci_build):
     gen, bld, _, _ = ci_build
     p = _cli("list", "--generated-dir", str(gen), "--build-dir", str(bld))
