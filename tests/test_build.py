@@ -177,8 +177,8 @@ _SWITCH_BUILDS = {
     # The fp8 raw bytes by cp.async only (MLA_FP8_TMA=0; TMA is the default since v3.19): a split and a
     # nosplit 64-row variant at pages 64 / 128.
     "fp8-no-tma": ("-DMLA_FP8_TMA=0", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p128_fp8_e4m3_nosplit"]),
-    # The scheduled kernel releasing Q after each warpgroup's last S (prepared for an A/B).
-    "sched-early-q": ("-DMLA_SCHED_EARLY_Q=1", ["mla_decode_h128_p64_bf16_split"]),
+    # The math warps' proxy fence after every KV slot wait, off by default since v3.20 (the control).
+    "kv-reader-fence": ("-DMLA_KV_READER_FENCE=1", ["mla_decode_h128_p1_bf16_split"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.
     "fp8-probe-no-widen": ("-DMLA_FP8_PROBE_NO_WIDEN=1 -DMLA_FP8_S_FIRST=1", ["mla_decode_h128_p64_fp8_e4m3_split"]),
 }
@@ -200,7 +200,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
     outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA=0, the fp8
-    cp.async-only control; MLA_SCHED_EARLY_Q, prepared for an A/B; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    cp.async-only control; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]

@@ -72,12 +72,18 @@
 #define MLA_FP8_TMA 1
 #endif
 
-// MLA_SCHED_EARLY_Q (default 0; prepared for an A/B, compile-checked, not GPU-run): the balanced
-// schedule's kernel releases Q (q_empty) per math warp right after its warpgroup's last S of a
-// segment instead of after the segment's last P V, so the next segment's Q load overlaps the last
-// tile's softmax and P V (perf-notes v3.19 Next 4: a scheduled CTA pays 6.2 us per segment).
-#ifndef MLA_SCHED_EARLY_Q
-#define MLA_SCHED_EARLY_Q 0
+// MLA_KV_READER_FENCE (default 0; 1 restores the fence): whether the math warps issue fence.proxy.async
+// after each KV slot's full barrier, before their wgmma read the slot (consumer.cuh issue_s). ptxas
+// makes it MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, 9 per tile per math thread; the stall ledger of
+// 128 x 128 x 16384 at page 1 put ~11% of the samples on those fences and the WARPGROUP.ARRIVE behind
+// them. The fence is redundant for TMA slots (async proxy on both sides, ordered by the complete_tx
+// barrier) and for fp8 slots (the widening warps fence before they arrive); cp.async slots (bf16 /
+// fp16 gathers, and Q) are the case it was for, and there we follow CUTLASS's SM90 cp.async + GMMA
+// warp-specialized mainloops and FlashInfer's Hopper MLA kernel, which read cp.async-filled shared
+// memory with wgmma after the mbarrier wait and no proxy fence. Measured (perf-notes v3.20): 0.973 over
+// 114 bf16 anchors at 16/64/128 heads, pages 1/16/64 (128 heads page 1 at batch >= 32: 0.89-0.92).
+#ifndef MLA_KV_READER_FENCE
+#define MLA_KV_READER_FENCE 0
 #endif
 
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening

@@ -119,7 +119,7 @@ __device__ __forceinline__ void issue_s(TiledMma& mma, const FragQ& tSrQ, const 
   CUTE_UNROLL
   for (int c = 0; c < kSubTiles; ++c) {
     wait_barrier(&full[c], parity);
-    fence_proxy_async_shared();  // producer's cp.async writes -> this thread's wgmma reads
+    if constexpr (MLA_KV_READER_FENCE != 0) fence_proxy_async_shared();  // off by default (constants.cuh)
     CUTE_UNROLL
     for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
       cute::gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
@@ -168,11 +168,7 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
 // the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
 // before widening t would deadlock with kSFirst). For fp8, S first measured 1.012 (v3.9) and the
 // stall ledgers of v3.16 explain why (constants.cuh MLA_FP8_S_FIRST).
-// kEarlyQ (the scheduled kernel with MLA_SCHED_EARLY_Q): each math warp arrives on q_empty as soon as
-// its warpgroup's last S of this piece of work has completed (warpgroup 1 at once when it has no tile),
-// instead of after the loop, so the producer can load the next segment's Q during the last tiles'
-// softmax and P V.
-template <bool kSFirst, bool kEarlyQ = false, class Cache, bool kShort, class FragO>
+template <bool kSFirst, class Cache, bool kShort, class FragO>
 __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
   using Element = typename CacheTypes<Cache>::Mma;
@@ -202,9 +198,6 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
   };
   float alpha[2], m_sub[2], m_new[2];
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
-  if constexpr (kEarlyQ) {
-    if (wg == 1 && c.num_tiles < 2 && c.lane == 0) arrive_barrier(&s.q_empty);  // no S of warpgroup 1
-  }
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
     const int sa = (2 * i) % kRing, sb = sa + 1;   // the stages of tiles a = 2i and b = 2i + 1
@@ -220,9 +213,6 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
       issue_s(mma_s, tSrQ, k_frag(sa), tSrS, &s.kv_full[sa * kSubTiles], parity0);
       warpgroup_wait<0>();
       fence_fragment(tSrS);
-      if constexpr (kEarlyQ) {
-        if (2 * i + 2 >= c.num_tiles && c.lane == 0) arrive_barrier(&s.q_empty);  // warpgroup 0's last S
-      }
       release(empty0 + 4, 4, c.lane);  // the right half of V is warpgroup 1's to release
       float tile_max[2];
       scale_mask_rowmax(tSrS, c, c.kv_begin + 2 * i * kTileN, tile_max);
@@ -283,9 +273,6 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
           warpgroup_wait<0>();
         }
         fence_fragment(tSrS);
-        if constexpr (kEarlyQ) {
-          if (2 * i + 3 >= c.num_tiles && c.lane == 0) arrive_barrier(&s.q_empty);  // warpgroup 1's last S
-        }
         release(empty1, 4, c.lane);  // the left half of V is warpgroup 0's to release
         float tile_max[2];
         scale_mask_rowmax(tSrS, c, c.kv_begin + (2 * i + 1) * kTileN, tile_max);

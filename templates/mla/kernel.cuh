@@ -486,9 +486,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
 // kShort: the short-split fp8 kernel's storage (32-token tiles, four stages) and its S-first order.
-// kEarlyQ: the scheduled kernel's math warps release Q after their last S (MLA_SCHED_EARLY_Q).
-template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false, bool kShort = false,
-          bool kEarlyQ = false>
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false, bool kShort = false>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS, kShort>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -518,8 +516,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
     const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort || MLA_FP8_S_FIRST, kEarlyQ>(s, ctx, tOrO, m_run, l_run);
-    if constexpr (kSchedulable<Cache, NUM_HEADS> && !kEarlyQ) {
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
+    if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
     }
   }
@@ -664,8 +662,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/false, /*kTrace=*/false, /*kStagedPieces=*/false, /*kShort=*/false,
-            /*kEarlyQ=*/MLA_SCHED_EARLY_Q != 0>(p, s, w, piece_row, p.scale_log2, 1.f,
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
                                                  (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
     if (w.num_tiles > 0) {
       u0 += (w.num_tiles + 1) / 2;
