@@ -81,7 +81,8 @@
 // fp16 gathers, and Q) are the case it was for, and there we follow CUTLASS's SM90 cp.async + GMMA
 // warp-specialized mainloops and FlashInfer's Hopper MLA kernel, which read cp.async-filled shared
 // memory with wgmma after the mbarrier wait and no proxy fence. Measured (perf-notes v3.20): 0.973 over
-// 114 bf16 anchors at 16/64/128 heads, pages 1/16/64 (128 heads page 1 at batch >= 32: 0.89-0.92).
+// 114 bf16 anchors at 16/64/128 heads, pages 1/16/64 (128 heads page 1 at 32 x 16384 and 128 x 4096+:
+// 0.90-0.92).
 #ifndef MLA_KV_READER_FENCE
 #define MLA_KV_READER_FENCE 0
 #endif

@@ -44,7 +44,12 @@ namespace mla {
 constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts and their prices do not spill
 
 constexpr float kPieceCost = 0.07f;      // tiles per piece of a shared request
-constexpr float kBalancedMargin = 0.85f;  // the balanced cut must be priced below this times the other
+// MLA_SCHED_MARGIN (default 0.85; other values for an A/B): the balanced cut must be priced below this
+// times the other.
+#ifndef MLA_SCHED_MARGIN
+#define MLA_SCHED_MARGIN 0.85f
+#endif
+constexpr float kBalancedMargin = MLA_SCHED_MARGIN;
 
 // Offsets (in int32) of the layout's parts.
 __host__ __device__ __forceinline__ int64_t schedule_cost_offset(int batch, int ctas) {
