@@ -15,7 +15,12 @@ Key = tuple[int, int, str, bool]  # (num_heads, page_size, dtype, split)
 
 class VariantNotCompiledError(LookupError):
     """No compiled variant can serve the call; the message names the nearest compiled variants and
-    the variants.yaml change that would add one."""
+    the variants.yaml change that would add one. `request` is the call's (num_heads, page_size, dtype,
+    split), or None."""
+
+    def __init__(self, message: str, request: tuple[int, int, str, bool] | None = None):
+        super().__init__(message)
+        self.request = request
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
         f"no compiled MLA decode variant for num_heads={num_heads}, page_size={page_size}, dtype={dtype}, "
         f"split={str(split).lower()} (no {why} match). Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. "
         f"To add it: {axis_fix} in variants.yaml (if it is there already, the last build selected fewer "
-        f"variants with --preset/--filter) and run `mla-variants build`.")
+        f"variants with --preset/--filter) and run `mla-variants build`.", (num_heads, page_size, dtype, split))
 
 
 def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> list[Launch]:

@@ -8,6 +8,7 @@ import torch
 
 ROOT_DIR = pathlib.Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT_DIR / "benchmarks"
+pytest_plugins = ["pytester"]  # tests/test_dispatch.py runs an inner session with this conftest
 
 
 def _gpu_reason() -> str | None:
@@ -30,30 +31,55 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _build_is_subset() -> bool:
-    """Whether the loaded library holds fewer variants than variants.yaml's full cross product (a
-    `--filter` / `--preset` build, as the device A/B scripts make)."""
-    import mla_variants
+def _built_table() -> dict | None:
+    """The dispatch table of the build the GPU tests use, read from its generated dispatch.py (not from
+    the loaded library, whose table tests may narrow), or None when there is no build."""
+    from mla_variants import _binding
+    path = _binding.generated_dir() / "dispatch.py"
+    if not path.is_file():
+        return None
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return dict(namespace.get("VARIANTS", {}))
+
+
+def _full_table() -> dict:
+    """variants.yaml's whole cross product, as a dispatch table."""
     from codegen.config import load_config
-    full = {v.key for v in load_config(ROOT_DIR / "variants.yaml").variants()}
-    try:
-        built = set(mla_variants.list_variants())
-    except mla_variants.LibraryNotBuiltError:
+    return {v.key: v.name for v in load_config(ROOT_DIR / "variants.yaml").variants()}
+
+
+def _left_out_by_subset(error, built: dict | None, full: dict) -> bool:
+    """Whether a VariantNotCompiledError only says that the build is a subset: the session's build
+    holds fewer variants than variants.yaml's cross product, and the whole build would serve the
+    request that failed."""
+    from mla_variants.dispatch import VariantNotCompiledError, plan_launches
+    if built is None or set(full) <= set(built) or getattr(error, "request", None) is None:
         return False
-    return not full <= built
+    try:
+        plan_launches(full, *error.request)
+    except VariantNotCompiledError:
+        return False
+    return True
+
+
+def pytest_sessionstart(session):
+    # Taken before any test runs (tests narrow the loaded table with monkeypatch).
+    session.config._mla_built_table = _built_table() if GPU_SKIP is None else None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A GPU test that needs a variant the build left out (VariantNotCompiledError) is reported skipped
-    in a subset build, naming the variant, and stays a failure in a build of every variant, where a
-    missing one is a bug."""
+    """A GPU test that fails with VariantNotCompiledError for a variant that a subset build (a --filter
+    build on the device) left out is reported skipped, naming the variant; in a build of every variant,
+    or for a request the whole build would not serve either, it stays a failure."""
     outcome = yield
     rep = outcome.get_result()
     if call.when != "call" or call.excinfo is None or "gpu" not in item.keywords:
         return
     from mla_variants import VariantNotCompiledError
-    if call.excinfo.errisinstance(VariantNotCompiledError) and _build_is_subset():
+    built = getattr(item.config, "_mla_built_table", None)
+    if call.excinfo.errisinstance(VariantNotCompiledError) and _left_out_by_subset(call.excinfo.value, built, _full_table()):
         rep.outcome = "skipped"
         rep.longrepr = (item.location[0], (item.location[1] or 0) + 1, f"Skipped: a subset build: {call.excinfo.value}")
 

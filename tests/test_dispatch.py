@@ -76,15 +76,50 @@ def test_plan_shape_dispatches_on_its_cache_dtype(dtype, key, monkeypatch):
     assert splits == 1 and [l.symbol for l in launches] == [f"mla_decode_h16_p64_{key}_nosplit"]
 
 
-def test_a_missing_variant_skips_gpu_tests_only_in_a_subset_build(monkeypatch):
-    """tests/conftest.py turns a GPU test's VariantNotCompiledError into a skip when the library holds
-    fewer variants than variants.yaml's cross product (a --filter build on the device), and leaves it a
-    failure when every variant is built."""
-    import mla_variants
-    from codegen.config import load_config
-    from conftest import ROOT_DIR, _build_is_subset
-    full = sorted(v.key for v in load_config(ROOT_DIR / "variants.yaml").variants())
-    monkeypatch.setattr(mla_variants, "list_variants", lambda: full)
-    assert not _build_is_subset()
-    monkeypatch.setattr(mla_variants, "list_variants", lambda: full[1:])
-    assert _build_is_subset()
+_HOOK_TESTS = """
+import pytest
+from mla_variants.dispatch import VariantNotCompiledError
+
+@pytest.mark.gpu
+def test_left_out_by_the_filter():
+    raise VariantNotCompiledError("no compiled MLA decode variant ...", (16, 64, "bf16", True))
+
+@pytest.mark.gpu
+def test_not_even_the_whole_build_serves_it():
+    raise VariantNotCompiledError("no compiled MLA decode variant ...", (16, 3, "bf16", True))
+
+@pytest.mark.gpu
+def test_another_error():
+    raise ValueError("not a missing variant")
+
+def test_a_cpu_test():
+    raise VariantNotCompiledError("no compiled MLA decode variant ...", (16, 64, "bf16", True))
+"""
+
+
+@pytest.mark.parametrize("subset", [True, False])
+def test_a_missing_variant_skips_a_gpu_test_only_in_a_subset_build(pytester, subset):
+    """tests/conftest.py reports a GPU test's VariantNotCompiledError as skipped when the session's build
+    (its generated dispatch table, read at session start) holds fewer variants than variants.yaml's cross
+    product and the whole build would serve the request; a whole build, a request no build serves, another
+    error, or a CPU test stays a failure."""
+    from conftest import ROOT_DIR
+    built = '{(16, 64, "bf16", False): "mla_decode_h16_p64_bf16_nosplit"}' if subset else "_full_table()"
+    pytester.makeconftest((ROOT_DIR / "tests" / "conftest.py").read_text() + f"""
+ROOT_DIR = pathlib.Path({str(ROOT_DIR)!r})
+GPU_SKIP = None  # as on a GPU machine
+_built_table = lambda: {built}
+""")
+    pytester.makepyfile(test_hook=_HOOK_TESTS)
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    if subset:
+        result.assert_outcomes(skipped=1, failed=3)
+        result.stdout.fnmatch_lines(["*a subset build: no compiled MLA decode variant*"])
+    else:
+        result.assert_outcomes(failed=4)
+
+
+def test_missing_variant_error_carries_the_request():
+    with pytest.raises(VariantNotCompiledError) as e:
+        plan_launches({(16, 64, "bf16", False): "x"}, 16, 1, "bf16", False)
+    assert e.value.request == (16, 1, "bf16", False)

@@ -86,3 +86,15 @@ def test_cost_model_keeps_the_measured_faster_cut():
     assert reference_schedule(ragged, 8192, 66, 3, 2)["kind"] == 0
     assert reference_schedule([1024] * 128, 1024, 66, 3, 1)["kind"] == 1
     assert reference_schedule([16384], 16384, 132, 3, 64)["kind"] == 1  # 64 heads, batch 1: finer cut lost
+
+
+def test_the_python_model_mirrors_the_schedule_kernels_constants():
+    """mla_variants.testing's copies of schedule.cuh's cost-model constants (the piece cost and the
+    default MLA_SCHED_MARGIN) equal the kernel's, so the GPU test of the schedule prices the same cuts."""
+    import re
+    from pathlib import Path
+
+    from mla_variants.testing import SCHEDULE_BALANCED_MARGIN, SCHEDULE_PIECE_COST
+    text = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "schedule.cuh").read_text()
+    assert float(re.search(r"#define MLA_SCHED_MARGIN ([0-9.]+)f", text).group(1)) == SCHEDULE_BALANCED_MARGIN
+    assert float(re.search(r"kPieceCost = ([0-9.]+)f", text).group(1)) == SCHEDULE_PIECE_COST

@@ -74,7 +74,7 @@
 
 // MLA_KV_READER_FENCE (default 0; 1 restores the fence): whether the math warps issue fence.proxy.async
 // after each KV slot's full barrier, before their wgmma read the slot (consumer.cuh issue_s). ptxas
-// makes it MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, 9 per tile per math thread; the stall ledger of
+// makes it MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, one per slot of every S a math warpgroup issues; the stall ledger of
 // 128 x 128 x 16384 at page 1 put ~11% of the samples on those fences and the WARPGROUP.ARRIVE behind
 // them. The fence is redundant for TMA slots (async proxy on both sides, ordered by the complete_tx
 // barrier) and for fp8 slots (the widening warps fence before they arrive); cp.async slots (bf16 /

@@ -45,7 +45,8 @@ constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts a
 
 constexpr float kPieceCost = 0.07f;      // tiles per piece of a shared request
 // MLA_SCHED_MARGIN (default 0.85; other values for an A/B): the balanced cut must be priced below this
-// times the other.
+// times the other. mla_variants/testing.py mirrors the defaults of both constants for the GPU test of
+// the schedule (tests/test_schedule_model.py checks the mirror), so that test assumes a default build.
 #ifndef MLA_SCHED_MARGIN
 #define MLA_SCHED_MARGIN 0.85f
 #endif
