@@ -220,6 +220,10 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     assert set(usage) == set(names)
     for name, rec in usage.items():
         assert max(rec["spill_store_bytes"], rec["spill_load_bytes"], rec["stack_bytes"]) == 0, (name, rec)
+    # ptxas's C7514 ("wgmma.mma_async instructions are serialized"): a switch's control flow that ptxas
+    # cannot prove safe for asynchronous wgmma costs the whole kernel its overlap (a first
+    # MLA_SEESAW_ADAPTIVE build did, with no spill or register count to show it).
+    assert "C7514" not in (tmp_path / "build" / "last_build.log").read_text(), build
     lib_path = tmp_path / "build" / "libmla_variants.so"
     for ptx in _SWITCH_PTX.get(build, ()):  # the switch's instructions are in the kernels' (embedded) PTX
         assert ptx in lib_path.read_bytes(), (build, ptx)
