@@ -58,18 +58,26 @@ def generated_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "generated"
 
 
+def read_dispatch_table(gen_dir: Path):
+    """The generated dispatch.py of `gen_dir` as a module (VARIANTS: key -> symbol, LIBRARY, ARCH,
+    INPUTS_HASH), without loading the library. Raises LibraryNotBuiltError if there is none."""
+    table = gen_dir / "dispatch.py"
+    if not table.is_file():
+        raise LibraryNotBuiltError(
+            f"no dispatch table at {table}: build the kernels first with `mla-variants build` "
+            f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
+    spec = importlib.util.spec_from_file_location("mla_variants_dispatch_table", table)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Library:
     """A loaded build: the dispatch table (key -> symbol) and the ctypes launchers."""
 
     def __init__(self, gen_dir: Path):
         table = gen_dir / "dispatch.py"
-        if not table.is_file():
-            raise LibraryNotBuiltError(
-                f"no dispatch table at {table}: build the kernels first with `mla-variants build` "
-                f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
-        spec = importlib.util.spec_from_file_location("mla_variants_dispatch_table", table)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = read_dispatch_table(gen_dir)
         self.table: dict[tuple[int, int, str, bool], str] = dict(module.VARIANTS)
         self.path = (gen_dir / module.LIBRARY).resolve()
         if not self.path.is_file():

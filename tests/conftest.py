@@ -35,12 +35,10 @@ def _built_table() -> dict | None:
     """The dispatch table of the build the GPU tests use, read from its generated dispatch.py (not from
     the loaded library, whose table tests may narrow), or None when there is no build."""
     from mla_variants import _binding
-    path = _binding.generated_dir() / "dispatch.py"
-    if not path.is_file():
+    try:
+        return dict(_binding.read_dispatch_table(_binding.generated_dir()).VARIANTS)
+    except _binding.LibraryNotBuiltError:
         return None
-    namespace: dict = {}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
-    return dict(namespace.get("VARIANTS", {}))
 
 
 def _full_table() -> dict:
@@ -65,7 +63,8 @@ def _left_out_by_subset(error, built: dict | None, full: dict) -> bool:
 
 def pytest_sessionstart(session):
     # Taken before any test runs (tests narrow the loaded table with monkeypatch).
-    session.config._mla_built_table = _built_table() if GPU_SKIP is None else None
+    gpu = GPU_SKIP is None
+    session.config._mla_tables = (_built_table(), _full_table()) if gpu else (None, {})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -78,8 +77,8 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call" or call.excinfo is None or "gpu" not in item.keywords:
         return
     from mla_variants import VariantNotCompiledError
-    built = getattr(item.config, "_mla_built_table", None)
-    if call.excinfo.errisinstance(VariantNotCompiledError) and _left_out_by_subset(call.excinfo.value, built, _full_table()):
+    built, full = getattr(item.config, "_mla_tables", (None, {}))
+    if call.excinfo.errisinstance(VariantNotCompiledError) and _left_out_by_subset(call.excinfo.value, built, full):
         rep.outcome = "skipped"
         rep.longrepr = (item.location[0], (item.location[1] or 0) + 1, f"Skipped: a subset build: {call.excinfo.value}")
 
