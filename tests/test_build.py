@@ -179,8 +179,6 @@ _SWITCH_BUILDS = {
     "fp8-no-tma": ("-DMLA_FP8_TMA=0", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p128_fp8_e4m3_nosplit"]),
     # The math warps' proxy fence after every KV slot wait, off by default since v3.20 (the control).
     "kv-reader-fence": ("-DMLA_KV_READER_FENCE=1", ["mla_decode_h128_p1_bf16_split"]),
-    # Warpgroup 1's seesaw order chosen per tile pair (prepared for an A/B, v3.20).
-    "seesaw-adaptive": ("-DMLA_SEESAW_ADAPTIVE=1", ["mla_decode_h128_p1_bf16_split"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.
     "fp8-probe-no-widen": ("-DMLA_FP8_PROBE_NO_WIDEN=1 -DMLA_FP8_S_FIRST=1", ["mla_decode_h128_p64_fp8_e4m3_split"]),
 }
@@ -193,7 +191,6 @@ _SWITCH_BUILDS = {
 # slot waits of every S loop (h128_p1_bf16_split: 42 fences with it, 6 without).
 _SWITCH_PTX = {"fp8-short-trace": ((b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", 1),
                                    (b"cp.async.bulk.tensor.3d.shared::cluster.global", 1)),
-               "seesaw-adaptive": ((b"bar.red.and.pred", 1),),
                "kv-reader-fence": ((b"fence.proxy.async.shared::cta", 36),)}
 # ... and PTX a switch removes.
 _SWITCH_NO_PTX = {"fp8-short-off": b"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16",
@@ -206,7 +203,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
     outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA=0, the fp8
-    cp.async-only control; MLA_KV_READER_FENCE=1, the fenced control; MLA_SEESAW_ADAPTIVE, prepared for an A/B; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    cp.async-only control; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]
@@ -222,7 +219,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
         assert max(rec["spill_store_bytes"], rec["spill_load_bytes"], rec["stack_bytes"]) == 0, (name, rec)
     # ptxas's C7514 ("wgmma.mma_async instructions are serialized"): a switch's control flow that ptxas
     # cannot prove safe for asynchronous wgmma costs the whole kernel its overlap (a first
-    # MLA_SEESAW_ADAPTIVE build did, with no spill or register count to show it).
+    # build of a run-time wgmma order for warpgroup 1, v3.21, did, with no spill or register count to show it).
     assert "C7514" not in (tmp_path / "build" / "last_build.log").read_text(), build
     lib_path = tmp_path / "build" / "libmla_variants.so"
     for ptx, least in _SWITCH_PTX.get(build, ()):  # the switch's instructions are in the kernels' (embedded) PTX

@@ -87,18 +87,6 @@
 #define MLA_KV_READER_FENCE 0
 #endif
 
-// MLA_SEESAW_ADAPTIVE (default 0; prepared for an A/B, compile-checked, not GPU-run): in the bf16 / fp16
-// seesaw (consumer.cuh consume_two_stage), math warpgroup 1 queues S(b) before P V(a) only when tile b's
-// first slot has already landed (one test of its full barrier, reduced over the warpgroup so all four
-// warps take the same order), and P V(a) first otherwise, instead of always S(b) first. The stall
-// ledgers of 128 x 128 x 16384 (perf-notes v3.20) put 8.5% (page 1) / 9.3% (page 16) / 7.7% (page 64)
-// of all samples on warpgroup 1 waiting for that slot: tile b + 2's slots come free only when both
-// P V(b) end, right before warpgroup 1 wants them for S(b + 2), so a gathered tile has almost no window
-// to land in, and meanwhile P V(a + 2) could use the tensor cores.
-#ifndef MLA_SEESAW_ADAPTIVE
-#define MLA_SEESAW_ADAPTIVE 0
-#endif
-
 // MLA_FP8_PROBE_NO_WIDEN (default 0; a timing probe, WRONG RESULTS): the 64-row fp8 path's widening
 // warps wait for each slot's raw bytes and hand it on without converting, so the math reads raw bytes
 // as fp16. What the kernel would take if widening were free: with S first too, whether the widening

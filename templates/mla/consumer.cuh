@@ -154,7 +154,6 @@ constexpr int kBarPA = 2;     // warpgroup 0's P is in its tile's RoPE slot
 constexpr int kBarMaxPB = 3;  // warpgroup 1 published the row max after its tile (row_max[1]) and its P
 constexpr int kBarOwnP = 4;   // + wg: the warpgroup's own four warps finished writing P
 constexpr int kBarEnd = 6;    // both warpgroups' row sums are in row_sum (the epilogue, any consumer)
-constexpr int kBarAdaptive = 14;  // warpgroup 1's order decision (MLA_SEESAW_ADAPTIVE)
 // Empty-barrier arrivals a slot of a stage needs, one per math warp that reads it: stage w's tiles
 // are read for S by warpgroup w (all 9 slots) and for P V by warpgroup v (latent slots 4v .. 4v+3);
 // the RoPE slot holds P, which both read.
@@ -198,8 +197,6 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
         local_tile(sVt, Shape<Int<kHeadDimV / kNumWarpgroups>, Int<kTileN>>{}, make_coord(wg, 0)));
   };
   float alpha[2], m_sub[2], m_new[2];
-  // MLA_SEESAW_ADAPTIVE (constants.cuh): warpgroup 1 picks S(b) first or P V(a) first per tile pair.
-  constexpr bool kAdaptive = kSFirst && MLA_SEESAW_ADAPTIVE != 0 && !CacheTypes<Cache>::kFp8;
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
@@ -248,71 +245,6 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
         fence_fragment(tOrO);
         release(empty1, 4, c.lane);
         release(empty1 + kSubTiles - 1, 1, c.lane);
-      }
-    } else if constexpr (kAdaptive) {
-      // ---- tile b = 2i + 1, with the order chosen at run time: S(b) first if its first slot has
-      // landed for every thread of the warpgroup, else P V(a) first and tile a released before S(b)
-      // (the kSFirst = false order of this pair). The choice is warpgroup-uniform, so all four warps
-      // issue the same wgmma sequence, and each order is one straight block: ptxas serializes every
-      // wgmma of the kernel (C7514) when the wait counts of the two orders share one control flow.
-      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kTileN>>{});
-      auto follow_a = [&] {  // tile a (warpgroup 0's): follow its max, O_right += P V(a)
-        math_barrier(kBarMaxA);
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[0][c.row0 + 8 * r];
-        advance_max(m_run, m_new, alpha, m_sub);
-        rescale(tOrO, l_run, alpha);  // no P V of this warpgroup is in flight
-        math_barrier(kBarPA);
-        issue_pv(mma_o, p_frag(sa), v_frag(sa), tOrO);
-      };
-      auto release_a = [&] {  // P V(a) is done: release its slots, then O may be rescaled
-        warpgroup_wait<0>();
-        fence_fragment(tOrO);
-        release(empty0 + 4, 4, c.lane);
-        release(empty0 + kSubTiles - 1, 1, c.lane);
-      };
-      auto softmax_b = [&] {  // S(b) is done: its softmax, P into the RoPE slot, max and P to warpgroup 0
-        fence_fragment(tSrS);
-        release(empty1, 4, c.lane);  // the left half of V is warpgroup 0's to release
-        float tile_max[2];
-        scale_mask_rowmax(tSrS, c, c.kv_begin + (2 * i + 1) * kTileN, tile_max);
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          m_new[r] = fmaxf(m_run[r], tile_max[r]);
-          if (c.lane % 4 == 0) s.row_max[1][c.row0 + 8 * r] = m_new[r];
-        }
-        advance_max(m_run, m_new, alpha, m_sub);
-        l_run[0] *= alpha[0];
-        l_run[1] *= alpha[1];
-        exp_store_p<kTileN>(tSrS, c, m_sub, l_run, stage_p<kTileN>(s.kv[sb]), 0);
-        fence_proxy_async_shared();
-        math_barrier_arrive(kBarMaxPB);
-      };
-      auto pv_b = [&] {  // O onto tile b's max, O_right += P V(b), release tile b
-        rescale_o(tOrO, alpha);
-        warpgroup_barrier(kBarOwnP + wg);
-        issue_pv(mma_o, p_frag(sb), v_frag(sb), tOrO);
-        warpgroup_wait<0>();
-        fence_fragment(tOrO);
-        release(empty1 + 4, 4, c.lane);
-        release(empty1 + kSubTiles - 1, 1, c.lane);
-      };
-      if (has_b && warpgroup_saw_phase(&s.kv_full[sb * kSubTiles], parity1, kBarAdaptive)) {
-        issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
-        follow_a();
-        warpgroup_wait<1>();  // S(b) is done; P V(a) may still run
-        softmax_b();
-        release_a();
-        pv_b();
-      } else {
-        follow_a();
-        release_a();
-        if (has_b) {
-          issue_s(mma_s, tSrQ, k_frag(sb), tSrS, &s.kv_full[sb * kSubTiles], parity1);
-          warpgroup_wait<0>();
-          softmax_b();
-          pv_b();
-        }
       }
     } else {
       // ---- tile b = 2i + 1 (stage sb) is this warpgroup's; with kSFirst its S goes first.

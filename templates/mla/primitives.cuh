@@ -82,20 +82,6 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, int parity) {
       "@!p bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(uint32_t(parity))
       : "memory");
 }
-// Whether mbarrier `bar` has completed the phase of `parity`, without waiting, as one answer for all
-// 128 threads of a math warpgroup (a reduction over named barrier `id`, which every thread of the
-// warpgroup must reach): true only if every thread saw it complete. For choosing a warpgroup-wide
-// wgmma order at run time (consumer.cuh, MLA_SEESAW_ADAPTIVE).
-__device__ __forceinline__ bool warpgroup_saw_phase(uint64_t* bar, int parity, int id) {
-  uint32_t all;
-  asm volatile(
-      "{\n.reg .pred p, q;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "bar.red.and.pred q, %3, 128, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(all) : "r"(smem_u32(bar)), "r"(uint32_t(parity)), "r"(id) : "memory");
-  return all != 0;
-}
 __device__ __forceinline__ void arrive_barrier(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
