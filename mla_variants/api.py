@@ -86,9 +86,11 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
     shorter requests get shorter pieces, since the kernel cuts each request's own keys into this many
-    equal runs of 64-key tiles) and at most HEURISTIC_MAX_SPLITS (64: beyond it the combine costs more
-    than the finer split saves); never less than 1. Measured on an H200 in docs/perf-notes.md ("split
-    heuristic"). All arguments are ints (not bools): batch and max_seq_len >= 0, the others >= 1;
+    equal runs of 64-key tiles), or ceil(max_seq_len / 64) for a single request (batch 1: one tile per
+    piece, since its combine is small), and at most HEURISTIC_MAX_SPLITS (64: beyond it the combine
+    costs more than the finer split saves); never less than 1. Measured on an H200 in
+    docs/perf-notes.md ("split heuristic", v3.21 for batch 1). All arguments are ints (not bools):
+    batch and max_seq_len >= 0, the others >= 1;
     raises MLAInputError naming the argument otherwise.
     """
     for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("max_seq_len", max_seq_len),
@@ -104,7 +106,8 @@ def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, nu
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
-    by_len = max(1, -(-max_seq_len // BLOCK_N) // 2)  # integer ceil: any int, however large
+    tiles = -(-max_seq_len // BLOCK_N)  # integer ceil: any int, however large
+    by_len = max(1, tiles if batch == 1 else tiles // 2)
     return max(1, min(by_sms, by_len, HEURISTIC_MAX_SPLITS))
 
 

@@ -92,9 +92,12 @@ def test_poisoning_covers_unused_slots():
 
 def test_split_heuristic_and_workspace_size():
     assert default_num_kv_splits(132, 16, 1, 16384, 132) == 1            # batch fills the GPU
-    assert default_num_kv_splits(1, 16, 1, 16384, 132) == 64             # 256 tiles / 2, capped at 64
-    assert default_num_kv_splits(1, 16, 1, 4096, 132) == 32              # 64 tiles / 2 per split
-    assert default_num_kv_splits(1, 16, 1, 1024, 132) == 8
+    assert default_num_kv_splits(1, 16, 1, 16384, 132) == 64             # 256 tiles, capped at 64
+    assert default_num_kv_splits(1, 16, 1, 4096, 132) == 64              # batch 1: one tile per split
+    assert default_num_kv_splits(1, 16, 1, 1024, 132) == 16
+    assert default_num_kv_splits(1, 128, 1, 1024, 132) == 16             # 2 CTAs, 16 tiles
+    assert default_num_kv_splits(2, 16, 1, 4096, 132) == 32              # batch > 1: 64 tiles / 2 per split
+    assert default_num_kv_splits(2, 16, 1, 1024, 132) == 8
     assert default_num_kv_splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
     assert default_num_kv_splits(0, 16, 1, 100, 132) == 1
     # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path, MLA_ST)
