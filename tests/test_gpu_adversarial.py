@@ -225,7 +225,7 @@ def test_negative_and_over_capacity_seq_lens():
     case = make_paged_case([0, 2 * p, 5], h, p, 2, DT[d], generator=torch.Generator().manual_seed(12))
     cap = case.block_table.shape[1] * p
     seq = torch.tensor([-7, cap + 1000, 5], dtype=torch.int32, device="cuda")
-    for n in _splits(h, p, d, (1, 3, 9, 32)):  # 3 / 9 / 32: the three uniform combines' NaN paths
+    for n in _splits(h, p, d, (1, 3, 9, 17, 32)):  # 3 / 9 / 17 / 32: the four uniform combines' NaN paths
         out, lse = mla_decode(case.q, case.kv_cache, case.block_table, seq, case.softmax_scale, num_kv_splits=n)
         torch.cuda.synchronize()
         assert torch.isnan(out[:2]).all() and torch.isnan(lse[:2]).all(), n

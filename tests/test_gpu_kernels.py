@@ -44,8 +44,9 @@ def _need(num_heads: int, page: int, split: bool, dtype: str = "bf16") -> None:
 def test_variant_against_reference(key):
     num_heads, page, dtype, split = key
     g = torch.Generator().manual_seed(hash(key) % 2**31)
-    # 2-8: the warp-per-row combine; 9-31: the CTA-per-row one; 32 and more: four CTAs per row (launch.cuh)
-    splits = [2, 3, 4, 7, 8, 9, 31, 32, 256] if split else [1]
+    # 2-8: the warp-per-row combine; 9-16: a warp per 128 columns; 17-31: the CTA-per-row one; 32 and
+    # more: four CTAs per row (launch.cuh)
+    splits = [2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 256] if split else [1]
     for q_len in (1, 2, 4):
         case = make_paged_case(_mixed_lens(page, 3000 + 37 * q_len), num_heads, page, q_len, DTYPE[dtype], generator=g)
         ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)

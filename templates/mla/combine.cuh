@@ -18,11 +18,13 @@ constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in 
 constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
 constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
+constexpr int kCombineColsMaxSplits = 16; // uniform splits above kCombineWarpMaxSplits up to this many: a warp per 128 columns
 constexpr int kCombineWideMinSplits = 32; // uniform splits from this many: 4 CTAs per row (below)
 constexpr int kCombineWideCols = 128;     // that combine's columns per CTA (4 per lane: a float4, or a uint2 of 16-bit)
 constexpr int kCombineWideGroups = kHeadDimV / kCombineWideCols;  // 4 CTAs per row
 constexpr int kCombineWideWarps = 8;      // warps per CTA, each summing every 8th split
 static_assert(kCombineWideCols == 32 * 4, "the wide combine: 4 columns per lane");
+static_assert(kCombineColsMaxSplits < kCombineWideMinSplits, "the column-group combine sits below the wide one");
 static_assert(kCombineWideMinSplits >= kCombineWideWarps, "the wide combine reads split `warp` for padding");
 
 // Block-wide max or sum of one float per thread (all threads get the result).
@@ -219,6 +221,49 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   }
 }
 
+// Uniform split into kCombineWarpMaxSplits + 1 .. kCombineColsMaxSplits splits (batch 1 at 577-1024
+// keys: 16 one-tile splits; batch 2-8 at up to 4096 keys). One warp per (row, 128-column group), the
+// row's 4 groups in one CTA. Each lane loads every split's lse (one broadcast word per warp) and its 4
+// columns of every split's partial (512 or 256 contiguous bytes per warp load) before it weighs any:
+// one round trip, where the CTA-per-row combine takes three (lse, then two rounds of 8 partial loads,
+// with two block-wide reductions between). Splits past num_splits re-read split 0 and weigh 0.
+template <class Out, class P>
+__global__ void __launch_bounds__(32 * kCombineWideGroups)
+    mla_combine_cols_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  constexpr int S = kCombineColsMaxSplits;
+  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
+  const int64_t out_row = blockIdx.x;  // (b q_len + qi) heads + h
+  const int group = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int h = int(out_row % a.num_heads);
+  const int qi = int((out_row / a.num_heads) % a.q_len);
+  const int b = int(out_row / rows_per_req);
+  const int num_splits = a.num_kv_splits;
+  const int col = group * kCombineWideCols + lane * 4;
+  const SplitWorkspace<P> ws = split_workspace<P>(a);
+#if MLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  float l[S];
+  PartialWords4<P> o[S];
+  CUTE_UNROLL
+  for (int s = 0; s < S; ++s) {
+    const int64_t row = int64_t(s < num_splits ? s : 0) * rows_per_split + out_row;
+    l[s] = ws.lse[row];
+    o[s] = load_partial4(ws.o + row * kHeadDimV + col);
+  }
+  CUTE_UNROLL
+  for (int s = 0; s < S; ++s) l[s] = s < num_splits ? l[s] : -INFINITY;
+  float w[S];
+  float sum = 0.f, max_lse = -INFINITY;
+  bool bad = false;
+  split_weights(l, w, sum, max_lse, bad);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  CUTE_UNROLL
+  for (int s = 0; s < S; ++s) accumulate(acc, w[s], widen_partial4<P>(o[s]));
+  store_combined<Out>(a, b, qi, h, col, acc, sum, max_lse, bad, lane == 0 && group == 0);
+}
+
 // Uniform split into kCombineWideMinSplits splits or more (batch 1 with long sequences: 32-64 splits
 // over 16-128 rows). The one-CTA-per-row combine reads 8 splits per round trip, so a 16-row call with
 // 64 splits ran 16 CTAs through 8 dependent rounds. Here a row is cut into kCombineWideGroups column
@@ -319,7 +364,8 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   }
 }
 
-// Uniform split into kCombineWarpMaxSplits + 1 .. kCombineWideMinSplits - 1 splits. Grid: one CTA
+// Uniform split into kCombineColsMaxSplits + 1 .. kCombineWideMinSplits - 1 splits (and the
+// scheduled combine's rows, through combine_row). Grid: one CTA
 // per (request, query token, head) row; piece s of request b is s * batch + b.
 template <class Out, class P>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {

@@ -173,7 +173,8 @@ int launch(const MlaDecodeArgs* args) {
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
   // The combine's grid, checked before anything is launched. Uniform split: per (request, query
-  // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), one CTA for 9-31,
+  // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), one CTA for 9-31 (four
+  // warps, one per 128 columns, for 9-16),
   // kCombineWideGroups CTAs for 32 or more (below). Scheduled: one CTA per row of the most requests that can be shared
   // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
   // schedule's list); none when one CTA covers the batch.
@@ -223,6 +224,9 @@ int launch(const MlaDecodeArgs* args) {
       }
       rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
       threads = 32 * kCombineWarpRows;
+    } else if (!scheduled && a.num_kv_splits <= kCombineColsMaxSplits) {  // a warp per 128 columns (combine.cuh)
+      combine_kernel = mla_combine_cols_kernel<Out, P>;
+      threads = 32 * kCombineWideGroups;
     } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
       combine_kernel = mla_combine_wide_kernel<Out, P>;
       rows *= kCombineWideGroups;
