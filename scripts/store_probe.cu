@@ -10,6 +10,9 @@
 //   rows_f32   : the same 128 KiB as whole rows: 512 contiguous bytes per warp instruction (float4)
 //   acc_16     : the same layout in 16-bit: 8 rows x 16 bytes per instruction (4 bytes a lane), 64 KiB
 //   rows_16    : 64 KiB as whole rows, 512 bytes per instruction (a 16-byte store a lane)
+//   acc16_pair : acc_16's layout with column groups j, j + 1 paired (kernel.cuh store_16_pairs): lanes
+//                q and q ^ 1 swap one 4-byte value, then each lane stores 8 bytes, so a warp
+//                instruction writes 8 rows x 32 contiguous bytes (full sectors); 32 stores a thread
 //   st_f32     : store_rows_st's pieces: 16 rows of 2 KiB, two float4 per lane and row: 32 KiB
 //   bulk_f32   : 128 KiB staged in shared memory (written before the clock starts), stored by bulk
 //                async copies (cp.async.bulk.global.shared::cta), one 1 KiB row per thread of 128,
@@ -42,9 +45,9 @@ __device__ __forceinline__ uint64_t now_ns() {
   return t;
 }
 
-enum Pattern { kAccF32, kRowsF32, kAcc16, kRows16, kStF32, kBulkF32, kPatterns };
-const char* kNames[kPatterns] = {"acc_f32", "rows_f32", "acc_16", "rows_16", "st_f32", "bulk_f32"};
-const int kBytes[kPatterns] = {128 << 10, 128 << 10, 64 << 10, 64 << 10, 32 << 10, 128 << 10};
+enum Pattern { kAccF32, kRowsF32, kAcc16, kRows16, kStF32, kBulkF32, kAcc16Pair, kPatterns };
+const char* kNames[kPatterns] = {"acc_f32", "rows_f32", "acc_16", "rows_16", "st_f32", "bulk_f32", "acc16_pair"};
+const int kBytes[kPatterns] = {128 << 10, 128 << 10, 64 << 10, 64 << 10, 32 << 10, 128 << 10, 64 << 10};
 
 template <int P>
 __global__ void __launch_bounds__(kThreads, 1) store_kernel(char* out, uint64_t* stamps, float seed) {
@@ -74,6 +77,21 @@ __global__ void __launch_bounds__(kThreads, 1) store_kernel(char* out, uint64_t*
         } else {
           *reinterpret_cast<uint32_t*>(p) = __float_as_uint(v + j);
         }
+      }
+    }
+  } else if constexpr (P == kAcc16Pair) {
+    constexpr int kRowBytes = 512 * 2;
+    const int row0 = 16 * warp + lane / 4, q = lane % 4;
+    const bool odd = q & 1;
+    // Lane q stores bytes 8 (q >> 1) .. + 7 of column group j + (q & 1) of the pair (j, j + 1).
+    char* dst = base + row0 * kRowBytes + wg * (kRowBytes / 2) + 16 * int(odd) + 8 * (q >> 1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int j = 0; j < 32; j += 2) {
+        const uint32_t v0 = __float_as_uint(v + j), v1 = __float_as_uint(v - j);
+        const uint32_t recv = __shfl_xor_sync(0xffffffff, odd ? v0 : v1, 1);
+        *reinterpret_cast<uint2*>(dst + r * 8 * kRowBytes + 16 * j) = odd ? make_uint2(recv, v1) : make_uint2(v0, recv);
       }
     }
   } else if constexpr (P == kRowsF32 || P == kRows16) {
@@ -152,7 +170,8 @@ int main() {
         case kAcc16: run<kAcc16>(out, stamps, ctas, &issue, &kern); break;
         case kRows16: run<kRows16>(out, stamps, ctas, &issue, &kern); break;
         case kStF32: run<kStF32>(out, stamps, ctas, &issue, &kern); break;
-        default: run<kBulkF32>(out, stamps, ctas, &issue, &kern); break;
+        case kBulkF32: run<kBulkF32>(out, stamps, ctas, &issue, &kern); break;
+        default: run<kAcc16Pair>(out, stamps, ctas, &issue, &kern); break;
       }
       std::printf("%-9s %9d %5d %9.2f %10.2f\n", kNames[p], kBytes[p], ctas, issue, kern);
     }

@@ -180,45 +180,77 @@ __host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits
 // ---------------------------------------------------------------------------------------------
 // Epilogue: normalised O and lse for the thread's two rows, to `out`/`lse` or to the workspace.
 
-// piece_row: the workspace row of the piece's (query 0, head 0) row, or -1 to write out and lse.
+// Row row0 + 8 r of a warpgroup's 64 x 256 block in a 16-bit type T, straight from the accumulators:
+// in the accumulator layout lane q = lane % 4 holds 4 bytes (columns 2q, 2q + 1) of
+// every 8-column group j, so one store per group writes 16 bytes of a row per quad, half a 32-byte
+// sector. Here groups j and j + 1 (32 contiguous bytes) go together: lanes q and q ^ 1 swap one value,
+// then lane q stores 8 bytes, bytes 8 (q >> 1) .. + 7 of group j + (q & 1), so a warp instruction
+// writes 8 rows x 32 bytes: full sectors and half the store instructions. scripts/store_probe.cu
+// (docs/perf-notes.md v3.22): 1.0 us of store issue for one CTA's 64 KiB (1.9 us with 132 CTAs at
+// once) against 4.0 (6.6) one group at a time; the scheduled kernel pays it once per segment (its 16-bit
+// pieces: 0.925 over 50 balanced anchors at 64/128 heads, v3.22). Every lane of the warp runs
+// the shuffles (a divergent shuffle made ptxas serialize the kernel's wgmma, C7520); a lane whose row
+// is padding (store == false) only skips its stores. row: the row's first value of the warpgroup's
+// 256 columns, 8-byte aligned (out rows and workspace pieces are).
+template <class T, class FragO>
+__device__ __forceinline__ void store_16_pairs(T* row, bool store, FragO const& o, int r, float inv_sum, int lane) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  const int q = lane % 4;
+  const bool odd = q & 1;
+  constexpr int kPairs = size(FragO{}) / 8;
+  uint2 w[kPairs];  // all shuffles first, then the stores under one branch
+  CUTE_UNROLL
+  for (int k = 0; k < kPairs; ++k) {
+    const int j = 2 * k;
+    const uint32_t v0 = pack2<T>(o(4 * j + 2 * r) * inv_sum, o(4 * j + 2 * r + 1) * inv_sum);
+    const uint32_t v1 = pack2<T>(o(4 * j + 4 + 2 * r) * inv_sum, o(4 * j + 4 + 2 * r + 1) * inv_sum);
+    const uint32_t recv = __shfl_xor_sync(0xffffffff, odd ? v0 : v1, 1);  // the value the partner stores
+    w[k] = odd ? make_uint2(recv, v1) : make_uint2(v0, recv);
+  }
+  if (store) {
+    uint2* base = reinterpret_cast<uint2*>(row + 8 * int(odd) + 4 * (q >> 1));
+    CUTE_UNROLL
+    for (int k = 0; k < kPairs; ++k) base[4 * k] = w[k];  // 16 values (32 bytes) per pair
+  }
+}
+
+// Epilogue straight from the accumulators: the thread's two rows of normalised O and their lse, to
+// `out`/`lse` (piece_row -1) or to the workspace piece whose (query 0, head 0) row is piece_row.
+// 16-bit rows go in pairs of column groups (store_16_pairs: the scheduled kernel's pieces and out
+// rows, and a split variant run with one split); fp32 pieces as float2 (4 lanes x 8 bytes already fill
+// a sector). Called by every thread of a warp (the shuffles); padding rows store nothing.
 template <class Out, int NUM_HEADS, class FragO>
 __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t piece_row, int m_block, int wg,
                                            int row0, FragO const& o, const float (&inv_sum)[2],
                                            const float (&lse)[2]) {
   const MlaDecodeArgs& a = p.a;
   const int lane = threadIdx.x % 32;
+  using P = Partial<Out, NUM_HEADS>;
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int grow = m_block * kBlockM + row0 + 8 * r;
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
-    if (qi >= a.q_len || h >= a.num_heads) continue;
+    const bool valid = qi < a.q_len && h < a.num_heads;  // the same for the four lanes of a row
     if (piece_row >= 0) {
-      using P = Partial<Out, NUM_HEADS>;
       const SplitWorkspace<P> ws = split_workspace<P>(a);
       const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
-      P* dst = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
-      CUTE_UNROLL
-      for (int j = 0; j < size(o) / 4; ++j) {
-        if constexpr (std::is_same_v<P, float>) {
+      P* row = ws.o + ws_row * kHeadDimV + wg * (kHeadDimV / kNumWarpgroups);
+      if constexpr (std::is_same_v<P, float>) {
+        CUTE_UNROLL
+        for (int j = 0; j < size(o) / 4; ++j) {
           const float2 v = make_float2(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
-          *reinterpret_cast<float2*>(dst + 8 * j) = v;
-        } else {  // 16-bit partials (the scheduled kernel; uniform launches stage them)
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-              pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
+          if (valid) *reinterpret_cast<float2*>(row + 2 * (lane % 4) + 8 * j) = v;
         }
+      } else {
+        store_16_pairs<P>(row, valid, o, r, inv_sum[r], lane);
       }
-      if (wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
+      if (valid && wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
     } else {
-      Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
-                     int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
-                     wg * (kHeadDimV / kNumWarpgroups) + 2 * (lane % 4);
-      CUTE_UNROLL
-      for (int j = 0; j < size(o) / 4; ++j) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            pack2<Out>(o(4 * j + 2 * r) * inv_sum[r], o(4 * j + 2 * r + 1) * inv_sum[r]);
-      }
-      if (wg == 0 && lane % 4 == 0) {
+      Out* row = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+                 int64_t(h) * a.out_stride_head + wg * (kHeadDimV / kNumWarpgroups);
+      store_16_pairs<Out>(row, valid, o, r, inv_sum[r], lane);
+      if (valid && wg == 0 && lane % 4 == 0) {
         a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
       }
     }
@@ -231,7 +263,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // c ^ (r % 8), so the accumulator-layout stores (8 rows x 16 bytes per warp) hit 32 distinct banks.
 // Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
 // 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
-// from the accumulators (store_rows: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md v3.12).
+// from the accumulators (store_rows before v3.22: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md
+// v3.12; its paired stores, 8 rows x 32 bytes, have not been measured against this staging).
 // Split kernels with 16-bit partials (kPartial16) stage their workspace pieces the same way
 // (store_piece_staged below); fp32 pieces keep store_rows (staged fp32 pieces measured 2-4% slower, v3.15).
 template <class T, class FragO>
