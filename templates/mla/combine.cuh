@@ -175,6 +175,21 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
 }
 
+// Output row out_row = (b q_len + qi) num_heads + h of a uniform split's combine: its request b, query
+// qi and head h, and the workspace distance between a row's consecutive pieces (piece s of request b
+// is s * batch + b).
+struct OutRow {
+  int b, qi, h;
+  int64_t rows_per_split;
+  __device__ __forceinline__ OutRow(const MlaDecodeArgs& a, int64_t out_row) {
+    const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
+    rows_per_split = int64_t(a.batch) * rows_per_req;
+    h = int(out_row % a.num_heads);
+    qi = int((out_row / a.num_heads) % a.q_len);
+    b = int(out_row / rows_per_req);
+  }
+};
+
 // Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA
 // (5-8 splits since v3.11, at up to 139 registers).
 // The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads), so at
@@ -185,14 +200,12 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
 template <class Out, class P, int S>
 __global__ void __launch_bounds__(32 * kCombineWarpRows)
     mla_combine_warp_kernel(const __grid_constant__ MlaDecodeArgs a) {
-  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
   const int64_t out_row = int64_t(blockIdx.x) * kCombineWarpRows + threadIdx.x / 32;  // (b q_len + qi) heads + h
   const int lane = int(threadIdx.x % 32);
+  const OutRow orow(a, out_row);
+  const int64_t rows_per_split = orow.rows_per_split;
   if (out_row >= rows_per_split) return;
-  const int h = int(out_row % a.num_heads);
-  const int qi = int((out_row / a.num_heads) % a.q_len);
-  const int b = int(out_row / rows_per_req);
+  const int h = orow.h, qi = orow.qi, b = orow.b;
   const SplitWorkspace<P> ws = split_workspace<P>(a);
 #if MLA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -231,13 +244,11 @@ template <class Out, class P>
 __global__ void __launch_bounds__(32 * kCombineWideGroups)
     mla_combine_cols_kernel(const __grid_constant__ MlaDecodeArgs a) {
   constexpr int S = kCombineColsMaxSplits;
-  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
   const int64_t out_row = blockIdx.x;  // (b q_len + qi) heads + h
   const int group = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  const int h = int(out_row % a.num_heads);
-  const int qi = int((out_row / a.num_heads) % a.q_len);
-  const int b = int(out_row / rows_per_req);
+  const OutRow orow(a, out_row);
+  const int64_t rows_per_split = orow.rows_per_split;
+  const int h = orow.h, qi = orow.qi, b = orow.b;
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
   const SplitWorkspace<P> ws = split_workspace<P>(a);
@@ -281,13 +292,11 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   __shared__ float warp_max[kCombineWideWarps];
   __shared__ float warp_sum[kCombineWideWarps];
   __shared__ int warp_bad[kCombineWideWarps];
-  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-  const int64_t rows_per_split = int64_t(a.batch) * rows_per_req;
   const int64_t out_row = int64_t(blockIdx.x) / kCombineWideGroups;  // (b q_len + qi) heads + h
   const int group = int(blockIdx.x % kCombineWideGroups);
-  const int h = int(out_row % a.num_heads);
-  const int qi = int((out_row / a.num_heads) % a.q_len);
-  const int b = int(out_row / rows_per_req);
+  const OutRow orow(a, out_row);
+  const int64_t rows_per_split = orow.rows_per_split;
+  const int h = orow.h, qi = orow.qi, b = orow.b;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
@@ -372,17 +381,14 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   __shared__ float weight[kCombineThreads];
   __shared__ float scratch[kCombineWarps];
   const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
-  const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
-  const int h = int(out_row % a.num_heads);
-  const int qi = int((out_row / a.num_heads) % a.q_len);
-  const int b = int(out_row / rows_per_req);
+  const OutRow orow(a, out_row);
   const SplitWorkspace<P> ws = split_workspace<P>(a);
 #if MLA_PDL
   // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
   // completed and its workspace writes are visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  combine_row<Out, P>(a, ws, b, qi, h, out_row, int64_t(a.batch) * rows_per_req, a.num_kv_splits, weight, scratch);
+  combine_row<Out, P>(a, ws, orow.b, orow.qi, orow.h, out_row, orow.rows_per_split, a.num_kv_splits, weight, scratch);
 }
 
 // Balanced schedule. Only the requests with several pieces need a combine (the others were written to
