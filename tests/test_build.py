@@ -166,8 +166,8 @@ _SWITCH_BUILDS = {
     # accumulators, the combines reading fp32 (the default build has them below 64 heads).
     "fp32-partials": ("-DMLA_PARTIAL_16=0",
                       ["mla_decode_h128_p64_bf16_split", "mla_decode_h64_p64_fp16_split"]),
-    # 16-bit partial outputs below 64 heads too (MLA_PARTIAL_16=2): the staged pieces with padding
-    # rows, the transposed path's 16-byte stores (fp8: bf16 pieces).
+    # 16-bit partial outputs below 64 heads too (MLA_PARTIAL_16=2): the 64-row path's paired stores
+    # straight from the accumulators (store_16_pairs), the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
                        ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
     # The fp8 split variants' short-split kernel (32-token tiles in four stages, S first; built by

@@ -123,12 +123,14 @@ constexpr bool kFp8ProbeNoWiden = MLA_FP8_PROBE_NO_WIDEN != 0;
 // stays in the output's range except within one ulp of the type's largest value (an fp16 cache holding
 // +-65504); the rounding adds at most half an ulp of the partial before the combine's fp32 weighted sum
 // (lse stays fp32). 16-bit halves the bytes a split call's CTAs store at their end (128 KiB of fp32
-// per 64-row CTA) and the combine reads; the 64-row path's uniform launches stage the 16-bit pieces
-// (whole rows, full 32-byte sectors). Measured (docs/perf-notes.md v3.15), 16-bit against fp32:
+// per 64-row CTA) and the combine reads; the 64-row path stores 16-bit pieces from the accumulators
+// two column groups per store (full 32-byte sectors, kernel.cuh store_16_pairs; v3.15-v3.21 staged them
+// in the idle ring, 1-2% slower, v3.22). Measured (docs/perf-notes.md v3.15), 16-bit against fp32:
 // 64/128 heads 0.985 cold and 0.947 in a CUDA graph over 38 anchors (0.91 at batch 8-32 x 1024, up to
 // 1.8 us slower at batch 1 x 1024-4096); 32 heads 1.065 (up to 1.15 at batch 1-8 x 1024); 16 heads
 // (transposed path) 1.004. v3.11's version stored the pieces straight from the accumulators (half
-// sectors) and measured slower.
+// sectors) and measured slower. v3.22, 32 heads with the paired stores: 0.996 cold (batch 1 x 1024
+// 1.05-1.08) and 0.96 in a CUDA graph over 18 anchors, so 32 heads keep fp32.
 #ifndef MLA_PARTIAL_16
 #define MLA_PARTIAL_16 1
 #endif

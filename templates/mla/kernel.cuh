@@ -264,9 +264,9 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
 // Then each warp stores one row's 512 contiguous bytes per instruction with 16-byte stores (two
 // 8-byte stores where `out` is only 8-byte aligned), against 8 rows x 16 bytes per instruction straight
 // from the accumulators (store_rows before v3.22: ~7 us of a 128-head CTA's ~43 us, docs/perf-notes.md
-// v3.12; its paired stores, 8 rows x 32 bytes, have not been measured against this staging).
-// Split kernels with 16-bit partials (kPartial16) stage their workspace pieces the same way
-// (store_piece_staged below); fp32 pieces keep store_rows (staged fp32 pieces measured 2-4% slower, v3.15).
+// v3.12; its paired stores, 8 rows x 32 bytes, have not been measured against this staging). Split
+// kernels' 16-bit workspace pieces were staged the same way (v3.15) until v3.22, where the paired
+// stores measured 0.984 / 0.990 cold and 0.972 / 0.978 in a CUDA graph at 64 / 128 heads (batch 1-32).
 template <class T, class FragO>
 __device__ __forceinline__ void stage_o(char* stage, int lane, int row0, FragO const& o, const float (&inv_sum)[2]) {
   static_assert(sizeof(T) == 2, "16-bit output types");
@@ -354,37 +354,6 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   } else {
     copy_staged_rows<Out, false>(stage, tid_wg, dst_of);
   }
-}
-
-// The same for a split kernel's 16-bit workspace pieces (kPartial16; uniform launches, piece_row
-// >= 0), staged as stage_o stages `out`: whole 512-byte rows per warp store, full 32-byte sectors, where
-// 16-bit stores straight from the accumulators would write half sectors.
-template <class Out, int NUM_HEADS, class FragO>
-__device__ __forceinline__ void store_piece_staged(const DecodeParams& p, char* stage, int64_t piece_row, int m_block,
-                                                   int wg, int tid_wg, int row0, FragO const& o,
-                                                   const float (&inv_sum)[2], const float (&lse)[2]) {
-  using P = Partial<Out, NUM_HEADS>;
-  static_assert(sizeof(P) == 2, "staged pieces are 16-bit partials (kPartial16)");
-  const MlaDecodeArgs& a = p.a;
-  const int lane = tid_wg % 32;
-  const SplitWorkspace<P> ws = split_workspace<P>(a);
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
-    const int grow = m_block * kBlockM + row0 + 8 * r;
-    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
-    if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
-    ws.lse[piece_row + int64_t(qi) * a.num_heads + h] = lse[r];
-  }
-  auto dst_of = [&](uint32_t row) -> char* {  // row `row` of the warpgroup's block, or null (padding)
-    const uint32_t grow = uint32_t(m_block) * kBlockM + row;
-    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
-    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
-    return reinterpret_cast<char*>(ws.o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV +
-                                   wg * (kHeadDimV / kNumWarpgroups));
-  };
-  stage_o<P>(stage, lane, row0, o, inv_sum);
-  warpgroup_barrier(kBarOwnP + wg);
-  copy_staged_rows<P, /*kAligned16=*/true>(stage, tid_wg, dst_of);
 }
 
 // One query row's share of a thread on the transposed path (8 values from d0 on, lo and hi, times
@@ -519,7 +488,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
 // still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
 // kShort: the short-split fp8 kernel's storage (32-token tiles, four stages) and its S-first order.
-template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kStagedPieces = false, bool kShort = false>
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kShort = false>
 __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS, kShort>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
@@ -585,21 +554,10 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cac
     store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
                                                       row0, tOrO, inv_sum, lse);
   } else {
-    // Split kernels store out directly (staged, the batch-1 and batch-8 split calls measured 1-4 us
-    // slower, docs/perf-notes.md v3.12) and stage their 16-bit workspace pieces (kStagedPieces:
-    // kPartial16, uniform launches, where the ring is idle past kBarEnd); fp32 pieces go direct.
-    if constexpr (kStagedPieces) {
-      static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(Partial<typename Types::Out, NUM_HEADS>),
-                    "a stage holds a warpgroup's block of O");
-      if (piece_row >= 0) {
-        store_piece_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), piece_row, w.m_block,
-                                                           wg, tid_wg, row0, tOrO, inv_sum, lse);
-      } else {  // a split variant run with one split writes out directly
-        store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
-      }
-    } else {
-      store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
-    }
+    // Split kernels store their pieces (or, run with one split, out) straight from the accumulators:
+    // staging out measured 1-4 us slower on batch-1 and batch-8 split calls (v3.12), staging 16-bit
+    // pieces 1-2% slower than the paired stores (v3.22), staging fp32 pieces 2-4% slower (v3.15).
+    store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
   }
   if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceStored);
 }
@@ -899,7 +857,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kStagedPieces=*/kPartial16<NUM_HEADS> && SPLIT, /*kShort=*/SHORT>(p, s, w, piece_row,
+            /*kShort=*/SHORT>(p, s, w, piece_row,
                                                                                         score_scale, v_scale,
                                                                  /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
