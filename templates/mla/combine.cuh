@@ -175,6 +175,14 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
 }
 
+// A combine kernel is launched as a programmatic dependent of the decode grid (launch.cuh, MLA_PDL):
+// wait until that grid has completed and its workspace writes are visible, before reading them.
+__device__ __forceinline__ void wait_for_decode_grid() {
+#if MLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Output row out_row = (b q_len + qi) num_heads + h of a uniform split's combine: its request b, query
 // qi and head h, and the workspace distance between a row's consecutive pieces (piece s of request b
 // is s * batch + b).
@@ -207,9 +215,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
   if (out_row >= rows_per_split) return;
   const int h = orow.h, qi = orow.qi, b = orow.b;
   const SplitWorkspace<P> ws = split_workspace<P>(a);
-#if MLA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_decode_grid();
   constexpr int kChunks = kHeadDimV / 128;  // 4-column groups per lane
   float l[S];
   PartialWords4<P> o[S][kChunks];
@@ -252,9 +258,7 @@ __global__ void __launch_bounds__(32 * kCombineWideGroups)
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
   const SplitWorkspace<P> ws = split_workspace<P>(a);
-#if MLA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_decode_grid();
   float l[S];
   PartialWords4<P> o[S];
   CUTE_UNROLL
@@ -301,9 +305,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   const int num_splits = a.num_kv_splits;
   const int col = group * kCombineWideCols + lane * 4;
   const SplitWorkspace<P> ws = split_workspace<P>(a);
-#if MLA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_decode_grid();
   // The largest lse of the row, and whether any split marked the request invalid (NaN lse).
   float max_lse = -INFINITY;
   bool bad = false;
@@ -383,11 +385,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
   const int64_t out_row = blockIdx.x;  // ((b * q_len) + qi) * num_heads + h
   const OutRow orow(a, out_row);
   const SplitWorkspace<P> ws = split_workspace<P>(a);
-#if MLA_PDL
-  // Launched as a programmatic dependent of the decode grid (launch.cuh): wait until that grid has
-  // completed and its workspace writes are visible.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_decode_grid();
   combine_row<Out, P>(a, ws, orow.b, orow.qi, orow.h, out_row, orow.rows_per_split, a.num_kv_splits, weight, scratch);
 }
 
@@ -422,9 +420,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   int b, pieces;
   int64_t in_req, first_row;
   locate(i, b, in_req, first_row, pieces);
-#if MLA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_decode_grid();
   for (;;) {
     combine_row<Out, P>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads), first_row, rows_per_req, pieces,
                      weight, scratch);
