@@ -216,9 +216,10 @@ __device__ __forceinline__ void store_16_pairs(T* row, bool store, FragO const& 
 
 // Epilogue straight from the accumulators: the thread's two rows of normalised O and their lse, to
 // `out`/`lse` (piece_row -1) or to the workspace piece whose (query 0, head 0) row is piece_row.
-// 16-bit rows go in pairs of column groups (store_16_pairs: the scheduled kernel's pieces and out
-// rows, and a split variant run with one split); fp32 pieces as float2 (4 lanes x 8 bytes already fill
-// a sector). Called by every thread of a warp (the shuffles); padding rows store nothing.
+// 16-bit rows go in pairs of column groups (store_16_pairs: every split kernel's 16-bit pieces, the
+// scheduled kernel's out rows, and a split variant run with one split); fp32 pieces as float2 (4 lanes
+// x 8 bytes already fill a sector). Called by every thread of a warp (the shuffles); padding rows store
+// nothing.
 template <class Out, int NUM_HEADS, class FragO>
 __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t piece_row, int m_block, int wg,
                                            int row0, FragO const& o, const float (&inv_sum)[2],
