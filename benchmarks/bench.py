@@ -396,7 +396,8 @@ def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
         return args.num_kv_splits
     page = case["page_size"]
     width = max(max(-(-n // page) for n in case["seq_lens"]), 1)
-    return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count)
+    return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count,
+                                 fp8=args.dtype == "fp8_e4m3")
 
 
 def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,

@@ -52,15 +52,16 @@ import bench  # noqa: E402  (this directory: the benchmark's case loading, input
 import torch  # noqa: E402
 
 from mla_variants import _binding  # noqa: E402
+from mla_variants.api import _rows_per_cta  # noqa: E402
 
 SLOTS = 16                # 64-bit words per CTA (templates/mla/trace.cuh kTraceSlots; TraceSlot below)
 ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED = range(10)
-ROW_BLOCK_64 = 64
 
 
-def rows_per_cta(num_heads: int) -> int:
-    """Query rows per CTA of the default build (MLA_ST): 8 up to 8 heads, 16 up to 16, else 64."""
-    return 8 if num_heads <= 8 else 16 if num_heads <= 16 else ROW_BLOCK_64
+def rows_per_cta(num_heads: int, dtype: str = "bf16") -> int:
+    """Query rows per CTA of the default build (MLA_ST, MLA_ST32): 8 up to 8 heads, 16 up to 16, 32 up
+    to 32 (16-bit caches), else 64 (mla_variants.api._rows_per_cta)."""
+    return _rows_per_cta(num_heads, dtype == "fp8_e4m3")
 
 
 def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         call, out, lse = bench.decode_call(inputs, splits)
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
-        m_blocks = -(-heads * q_len // rows_per_cta(heads))
+        m_blocks = -(-heads * q_len // rows_per_cta(heads, args.dtype))
         grid_x, grid_y = m_blocks * batch, splits
         if args.balanced:
             call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)

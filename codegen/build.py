@@ -79,8 +79,8 @@ def _variant_of_mangled(symbol: str) -> Variant | None:
 def parse_resource_usage(log: str) -> dict[str, dict]:
     """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output.
     A variant has several kernels (the balanced-schedule instantiation in its unit; the fp8 short-split
-    one in its second unit, <name>_short.cu): each field is the largest over them, so a spill in any
-    kernel shows."""
+    one or the 64-row one of a 17..32-head 16-bit variant in its second unit, Variant.units): each
+    field is the largest over them, so a spill in any kernel shows."""
     usage: dict[str, dict] = {}
     current: Variant | None = None
     for line in log.splitlines():

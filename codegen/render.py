@@ -1,5 +1,6 @@
-"""Render the selected variants into generated/: one .cu per variant (two for fp8 split variants, see
-Variant.sources), sources.cmake, manifest.json and the dispatch table dispatch.py.
+"""Render the selected variants into generated/: one .cu per variant (two for fp8 split variants and for
+bf16 / fp16 variants of 17..32 heads, see Variant.units), sources.cmake, manifest.json and the dispatch
+table dispatch.py.
 
 Rendering is deterministic (sorted inputs, no timestamps, no absolute paths), each file is rewritten
 only when its bytes change (so ninja recompiles nothing after a no-op run), and each file is headed
@@ -85,10 +86,9 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
             written.append(path)
 
     dims_key = json.dumps({"arch": config.arch, "dims": config.dims}, sort_keys=True)
-    unit_templates = ("variant.cu.j2", "variant_short.cu.j2")  # Variant.sources[i] from unit_templates[i]
     sources = []
     for v in variants:
-        for file, template in zip(v.sources, unit_templates):
+        for file, template in v.units:
             src = (TEMPLATES / template).read_text()
             h = _sha256(gen, src, dims_key, file)
             path = generated_dir / "variants" / file

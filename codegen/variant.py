@@ -63,14 +63,24 @@ class Variant:
         return DTYPES[self.dtype][0]
 
     @property
-    def sources(self) -> tuple[str, ...]:
-        """The variant's generated translation units, relative to generated/variants: ``<name>.cu`` (its
-        launcher and 64-token kernels) and, for fp8 split variants, ``<name>_short.cu`` (the short-split
-        kernel, templates/mla/short_split.cuh; it compiles to an unused stub where launch.cuh's
-        kHasShortKernel is false, e.g. on the transposed path)."""
+    def units(self) -> tuple[tuple[str, str], ...]:
+        """The variant's generated translation units as (file relative to generated/variants, template in
+        templates/): ``<name>.cu`` (its launcher and own kernels) from variant.cu.j2 and, for fp8 split
+        variants, ``<name>_short.cu`` (the short-split kernel, templates/mla/short_split.cuh), for bf16 /
+        fp16 variants of 17..32 heads ``<name>_rows64.cu`` (their 64-row kernel beside the transposed
+        one, templates/mla/rows64.cuh). A second unit compiles to an unused stub where launch.cuh's
+        kHasShortKernel / kHasRows64Kernel is false (e.g. built with -DMLA_ST32=0)."""
+        own = (f"{self.name}.cu", "variant.cu.j2")
         if self.dtype == "fp8_e4m3" and self.split:
-            return (f"{self.name}.cu", f"{self.name}_short.cu")
-        return (f"{self.name}.cu",)
+            return (own, (f"{self.name}_short.cu", "variant_short.cu.j2"))
+        if self.dtype != "fp8_e4m3" and 16 < self.num_heads <= 32:
+            return (own, (f"{self.name}_rows64.cu", "variant_rows64.cu.j2"))
+        return (own,)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The files of :attr:`units`."""
+        return tuple(f for f, _ in self.units)
 
     @classmethod
     def from_name(cls, name: str) -> "Variant":

@@ -29,15 +29,27 @@ MAX_Q_LEN = 8
 MAX_KV_SPLITS = 256
 HEURISTIC_MAX_SPLITS = 64  # default_num_kv_splits never picks more (measured, docs/perf-notes.md)
 BLOCK_N = 64  # keys per kernel tile; a split covers whole tiles
-BLOCK_M = 64  # query rows per CTA (variants with more than 16 heads, or any variant built with -DMLA_ST=0)
-ST_MAX_HEADS = 16  # variants with at most this many heads run the transposed path (MLA_ST), no TMA
+BLOCK_M = 64  # query rows per CTA of the 64-row kernel path
+# Variants with at most this many heads run the transposed kernel path (MLA_ST, MLA_ST32), which
+# gathers with cp.async only (no TMA) and runs no balanced schedule: 16-bit caches, fp8 caches.
+ST_MAX_HEADS = 32
+ST_MAX_HEADS_FP8 = 16
 
 
-def _rows_per_cta(num_heads: int) -> int:
-    """Query rows (q_len x heads) one CTA covers: the transposed kernel path (MLA_ST, the default
-    build) takes blocks of 16 rows for 9..16 heads and 8 for up to 8 heads; larger head counts use
-    BLOCK_M. Estimated from the call's head count; a build with -DMLA_ST=0 launches 64-row blocks."""
-    return 8 if num_heads <= 8 else 16 if num_heads <= ST_MAX_HEADS else BLOCK_M
+def _uses_st(num_heads: int, fp8: bool = False) -> bool:
+    """Whether a variant of num_heads heads runs the transposed path in the default build
+    (templates/mla/constants.cuh kUseSt); fp8: an fp8_e4m3 cache."""
+    return num_heads <= (ST_MAX_HEADS_FP8 if fp8 else ST_MAX_HEADS)
+
+
+def _rows_per_cta(num_heads: int, fp8: bool = False) -> int:
+    """Query rows (q_len x heads) one CTA covers (constants.cuh kRowBlock): the transposed path takes
+    blocks of 8 rows for up to 8 heads, 16 for 9..16 and 32 for 17..32 (16-bit caches); the 64-row
+    path BLOCK_M. Estimated from the call's head count; a build with -DMLA_ST=0 (or -DMLA_ST32=0)
+    launches 64-row blocks."""
+    if not _uses_st(num_heads, fp8):
+        return BLOCK_M
+    return 8 if num_heads <= 8 else 16 if num_heads <= 16 else 32
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
@@ -73,15 +85,17 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int) -> int:
+def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, *,
+                          fp8: bool = False) -> int:
     """The split heuristic (flash-decoding's idea: split the keys when the batch alone cannot fill
     the GPU): split only when the unsplit grid leaves SMs idle.
 
     batch >= 0 requests, num_heads and q_len of the call, max_seq_len in tokens (the longest sequence
     the call may see; block_table's width times page_size when the caller gives nothing better),
     num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
-    batch * ceil(num_heads * q_len / rows) CTAs with rows = 64 query rows per CTA, or 16 for 9..16
-    heads and 8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
+    batch * ceil(num_heads * q_len / rows) CTAs with rows = 64 query rows per CTA, or 32 for 17..32
+    heads (16-bit caches; fp8=True: an fp8_e4m3 cache, which takes 64 there), 16 for 9..16 heads and
+    8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
     a larger compiled head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
@@ -97,12 +111,14 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
                     ("num_sms", num_sms)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("batch", "max_seq_len") else 1):
             _fail(name, "a non-negative int" if name in ("batch", "max_seq_len") else "a positive int", repr(v))
-    return _default_splits(batch, num_heads, q_len, max_seq_len, num_sms)
+    if not isinstance(fp8, bool):
+        _fail("fp8", "a bool", repr(fp8))
+    return _default_splits(batch, num_heads, q_len, max_seq_len, num_sms, fp8)
 
 
-def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int) -> int:
+def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, fp8: bool = False) -> int:
     """default_num_kv_splits on arguments already known to be in range (the per-call path)."""
-    ctas = batch * -(-(num_heads * q_len) // _rows_per_cta(num_heads))
+    ctas = batch * -(-(num_heads * q_len) // _rows_per_cta(num_heads, fp8))
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
@@ -527,7 +543,7 @@ def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
     if num_kv_splits is not None:
         return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
     bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
-    n = _default_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index))
+    n = _default_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index), dtype == FP8_KEY)
     if n > 1:
         try:
             return lib.plan(c.num_heads, c.page_size, dtype, True), n

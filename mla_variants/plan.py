@@ -14,7 +14,7 @@ import torch
 from . import _binding
 import struct
 
-from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, ST_MAX_HEADS, _Call,
+from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _uses_st, _Call,
                   _check_workspace, _choose, _current_stream, _fail, _launch, _pack, _sm_count, _validate,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
@@ -44,7 +44,7 @@ class MLADecodePlan:
         plan allocates one now.
       balanced: allow the balanced schedule (:meth:`schedule`; opt-in, max_batch <= 2**20). Such a plan's
         workspace_bytes also holds max_batch + sched_ctas partial results per row (:attr:`balanced` is
-        False, and nothing grows, when the plan cannot balance: 16 heads or fewer, an fp8 cache, several
+        False, and nothing grows, when the plan cannot balance: 32 heads or fewer, an fp8 cache, several
         head groups, no split variant).
 
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
@@ -104,7 +104,7 @@ class MLADecodePlan:
                 sl = _binding.library().plan(num_heads, page_size, _DTYPES[dtype], True)
             except VariantNotCompiledError:
                 sl = None
-            if sl is not None and len(sl) == 1 and sl[0].key[0] > ST_MAX_HEADS:
+            if sl is not None and len(sl) == 1 and not _uses_st(sl[0].key[0]):
                 m_blocks = -(-sl[0].key[0] * q_len // BLOCK_M)
                 self._sched_launches = sl
                 self.sched_ctas = max(1, _sm_count(self.device.index) // m_blocks)
@@ -120,7 +120,7 @@ class MLADecodePlan:
     @property
     def balanced(self) -> bool:
         """Whether :meth:`schedule` applies to this plan: made with balanced=True, one split variant of more
-        than 16 heads, a 16-bit cache."""
+        than 32 heads (the 64-row kernel path), a 16-bit cache."""
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
@@ -170,7 +170,8 @@ class MLADecodePlan:
             buf = self._schedules[batch] = torch.zeros(n, dtype=torch.int32, device=self.device)
         limit = 2**31 - 1 if max_seq_len is None else max_seq_len
         splits = self._forced_splits or default_num_kv_splits(batch, self.num_heads, self.q_len,
-                                                              min(self.max_seq_len, limit), _sm_count(self.device.index))
+                                                              min(self.max_seq_len, limit), _sm_count(self.device.index),
+                                                              fp8=self.kv_dtype is FP8_DTYPE)
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,

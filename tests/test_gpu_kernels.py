@@ -56,6 +56,30 @@ def test_variant_against_reference(key):
             assert not problems, f"{key} q_len={q_len} num_kv_splits={n}: {problems}"
 
 
+@pytest.mark.parametrize("key", [k for k in _table() if 16 < k[0] <= 32],
+                         ids=lambda k: f"h{k[0]}_p{k[1]}_{k[2]}_{'split' if k[3] else 'nosplit'}")
+def test_17_to_32_heads_both_kernels_on_the_same_call(key):
+    """bf16 / fp16 variants of 17..32 heads have two kernels: the transposed one (32 rows per CTA) and a
+    64-row one, which the launcher takes when every split is shorter than MLA_ST32_MIN_KEYS (1024 keys;
+    templates/mla/launch.cuh, from max_seq_len, else the block table's capacity, and the split count).
+    Without max_seq_len the table addresses 3000+ keys, so one split (two for split variants) of 1500+
+    keys runs the transposed kernel; max_seq_len=1 the 64-row one. Both must match the reference and
+    differ from each other (other tile orders round P differently), which shows that both ran."""
+    num_heads, page, dtype, split = key
+    g = torch.Generator().manual_seed(7 + num_heads + page)
+    n = 2 if split else 1
+    for q_len in (1, 2):
+        case = make_paged_case(_mixed_lens(page, 3001 + q_len), num_heads, page, q_len, DTYPE[dtype], generator=g)
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+        outs = []
+        for bound in (None, 1):
+            out, lse = _run(case, n, max_seq_len=bound)
+            problems = compare(out, lse, *ref)
+            assert not problems, f"{key} q_len={q_len} max_seq_len={bound}: {problems}"
+            outs.append(out)
+        assert not torch.equal(outs[0], outs[1]), f"{key} q_len={q_len}: the same kernel ran for both max_seq_len"
+
+
 @pytest.mark.parametrize("num_heads", [1, 3, 20, 100, 160])
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_head_counts_not_in_table(num_heads, q_len):

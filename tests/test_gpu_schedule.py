@@ -1,7 +1,8 @@
 """The balanced schedule on the GPU (MLADecodePlan.schedule, templates/mla/schedule.cuh): each CTA covers
 a run of (request, tile) that may span several requests or end inside one, so every request must come
 out exactly as the reference, whichever CTAs share it; NaN-poisoned pages, permuted block tables and
-NaN-prefilled outputs as everywhere. Skips where the build has no split variant of more than 16 heads."""
+NaN-prefilled outputs as everywhere. Skips where the build has no split variant of more than 32 heads
+(the 64-row path, which alone runs a balanced schedule)."""
 import pytest
 import torch
 
@@ -11,11 +12,12 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
     pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
 
 from mla_variants import MLADecodePlan, MLAInputError, _binding, mla_decode_reference  # noqa: E402
+from mla_variants.api import _uses_st  # noqa: E402
 from mla_variants.testing import capture_graph, compare, make_paged_case  # noqa: E402
 
 
 def _keys(max_count=None):
-    keys = sorted({(k[0], k[1]) for k in _binding.library().table if k[3] and k[2] == "bf16" and k[0] > 16},
+    keys = sorted({(k[0], k[1]) for k in _binding.library().table if k[3] and k[2] == "bf16" and not _uses_st(k[0])},
                   key=lambda k: (k[1] not in (1, 64), k[0] != 128, k))
     return keys[:max_count] if max_count else keys
 
@@ -58,7 +60,7 @@ def test_balanced_schedule_matches_reference(name, q_len):
 
 @pytest.mark.parametrize("overhead", [1, 3, 50])
 def test_balanced_schedule_any_overhead(overhead):
-    heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 16 heads")
+    heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     lens = LENGTHS["ragged"] + LENGTHS["zeros_ones_long"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(3))
     plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens), balanced=True)
@@ -70,7 +72,7 @@ def test_balanced_schedule_any_overhead(overhead):
 def test_stale_schedule_gives_nan_not_a_wrong_answer():
     """run with seq_lens whose tile counts changed since schedule(): those requests are NaN; others exact."""
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     now = [1000, 3064, 64, 501]   # the step's lengths (the cache and block table hold these tokens)
     before = [1000, 3000, 64, 500]  # what the schedule saw: request 1 one tile short, request 3 same tiles
@@ -92,7 +94,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
     """schedule + run captured once; replays after seq_lens changed in place (other tile counts, another
     balance) stay exact."""
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     steps = ([300, 5000, 1, 2000, 0, 800], [8000, 1, 0, 64, 4000, 65])
     case = make_paged_case([max(x) for x in zip(*steps)], heads, page,
@@ -119,7 +121,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
 
 def test_schedule_argument_errors():
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     plan = MLADecodePlan(4, heads, page, max_seq_len=1024, balanced=True)
     with pytest.raises(MLAInputError, match="seq_lens: expected an int32 tensor"):
@@ -150,7 +152,7 @@ def test_plans_without_balanced_keep_the_workspace_contract():
     """Only balanced=True plans grow the workspace; plain plans still fit workspace_size(...)."""
     from mla_variants import workspace_size
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     plain = MLADecodePlan(512, heads, page, max_seq_len=4096)
     assert plain.workspace_bytes == workspace_size(512, heads, 1, plain.num_kv_splits)
@@ -164,7 +166,7 @@ def test_graph_at_one_batch_survives_a_schedule_for_another():
     """A graph captured at batch P keeps reading the schedule made for P after an eager schedule() for
     batch R (each batch size has its own buffer): its replay stays exact, nothing is written past P."""
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     lens = [300, 5000, 1, 2000]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(13))
@@ -195,7 +197,7 @@ def test_schedule_kernel_matches_the_python_model(seed):
     from mla_variants.api import default_num_kv_splits, _sm_count
     from mla_variants.testing import SCHEDULE_BALANCED_MARGIN, reference_schedule
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     rng = random.Random(seed)
     batch = rng.choice([1, 5, 32, 200])
@@ -224,7 +226,7 @@ def test_bound_step_follows_the_schedule():
     """bind() before schedule(): the bound step runs the uniform split, then the schedule once one exists;
     a schedule for another batch is refused by name."""
     if not _keys():
-        pytest.skip("no split variant of more than 16 heads")
+        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     lens = LENGTHS["ragged"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(21))

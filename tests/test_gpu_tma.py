@@ -43,7 +43,7 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
 
 import mla_variants  # noqa: E402
 from mla_variants import LibraryNotBuiltError, _binding, mla_decode_reference  # noqa: E402
-from mla_variants.api import ST_MAX_HEADS  # noqa: E402
+from mla_variants.api import _uses_st  # noqa: E402
 from mla_variants.testing import FP8_TOLERANCE, PagedCase, compare, make_paged_case, run_nan_prefilled  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
@@ -60,12 +60,12 @@ def _tma_keys():
         table = _binding.library().table
     except LibraryNotBuiltError as e:
         pytest.skip(f"kernels not built: {e}", allow_module_level=True)
-    # The transposed path (at most ST_MAX_HEADS heads) always gathers with cp.async (producer.cuh kTmaPages).
-    keys = sorted((k for k in table if k[1] in TMA_PAGES and k[2] in DT and k[0] > ST_MAX_HEADS),
+    # The transposed path (api._uses_st) always gathers with cp.async (producer.cuh kTmaPages).
+    keys = sorted((k for k in table if k[1] in TMA_PAGES and k[2] in DT and not _uses_st(k[0], k[2] == FP8)),
                   key=lambda k: (k[1], k[2], k[0], k[3]))
     if not keys:
-        pytest.skip(f"no variant with page_size 64 or 128 and more than {ST_MAX_HEADS} heads is "
-                    "compiled (only those take the TMA path)", allow_module_level=True)
+        pytest.skip("no variant of the 64-row path (more than 32 heads, fp8: 16) with page_size 64 or 128 "
+                    "is compiled (only those take the TMA path)", allow_module_level=True)
     return keys
 
 

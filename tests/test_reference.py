@@ -103,7 +103,9 @@ def test_split_heuristic_and_workspace_size():
     # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path, MLA_ST)
     assert default_num_kv_splits(33, 16, 4, 16384, 132) == 1             # 33 x 4 CTAs fill the GPU
     assert default_num_kv_splits(1, 8, 8, 16384, 132) == 16              # 8 CTAs -> 16 pieces each
-    assert default_num_kv_splits(1, 32, 2, 16384, 132) == 64             # one 64-row CTA
+    assert default_num_kv_splits(1, 32, 2, 16384, 132) == 64             # two 32-row CTAs, 256 tiles
+    assert default_num_kv_splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
+    assert default_num_kv_splits(66, 32, 2, 16384, 132, fp8=True) == 2   # fp8: one 64-row CTA per request
     assert workspace_size(4, 16, 2, 1) == 0
     assert workspace_size(4, 16, 2, 3) == 3 * 4 * 2 * 16 * 513 * 4
     with pytest.raises(ValueError, match="num_kv_splits: expected a positive int"):

@@ -67,6 +67,25 @@ def test_an_fp8_split_variant_gets_its_short_split_unit(tmp_path):
     assert res.removed == [] and (g / "variants" / f"{fp8.name}_short.cu").exists()
 
 
+def test_a_16_bit_variant_of_17_to_32_heads_gets_its_64_row_unit(tmp_path):
+    """bf16 / fp16 variants of 17..32 heads (the transposed kernel with 32 rows per CTA) render a second
+    unit with their 64-row kernel's launcher (templates/mla/rows64.cuh); 16 and 64 heads and fp8 do not."""
+    cfg = _cfg()
+    with_unit = [Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False)]
+    without = [Variant(16, 64, "bf16", True), Variant(33, 64, "bf16", True), Variant(32, 64, "fp8_e4m3", False)]
+    g = tmp_path / "generated"
+    render(cfg, with_unit + without, g, tmp_path / "lib.so")
+    names = {p.name for p in (g / "variants").glob("*.cu")}
+    assert names == {f"{v.name}.cu" for v in with_unit + without} | {f"{v.name}_rows64.cu" for v in with_unit}
+    unit = (g / "variants" / "mla_decode_h32_p64_bf16_split_rows64.cu").read_text()
+    assert unit.startswith("// generated, do not edit") and "inputs-hash: " in unit.splitlines()[1]
+    assert "template cudaError_t mla::launch_rows64<cutlass::bfloat16_t, 32, 64, true>(" in unit
+    assert "extern \"C\"" not in unit
+    assert "launch_rows64<cutlass::half_t, 17, 1, false>(" in (g / "variants" / "mla_decode_h17_p1_fp16_nosplit_rows64.cu").read_text()
+    cmake = (g / "sources.cmake").read_text()
+    assert "variants/mla_decode_h32_p64_bf16_split_rows64.cu" in cmake
+
+
 def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
     cfg = _cfg()
     g = tmp_path / "generated"

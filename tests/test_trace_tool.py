@@ -53,7 +53,8 @@ def test_records_decode_the_grid(trace):
 
 
 def test_rows_per_cta_follow_the_kernel_paths(trace):
-    assert [trace.rows_per_cta(h) for h in (1, 8, 9, 16, 17, 64, 128)] == [8, 8, 16, 16, 64, 64, 64]
+    assert [trace.rows_per_cta(h) for h in (1, 8, 9, 16, 17, 32, 33, 64, 128)] == [8, 8, 16, 16, 32, 32, 64, 64, 64]
+    assert [trace.rows_per_cta(h, "fp8_e4m3") for h in (8, 16, 17, 32, 64)] == [8, 16, 64, 64, 64]
 
 
 def test_phases_and_waves(trace):

@@ -255,7 +255,7 @@ def test_max_seq_len_is_checked_first(value):
 
 @pytest.mark.parametrize("name,value", [("batch", -1), ("batch", 1.5), ("num_heads", 0), ("num_heads", float("nan")),
                                         ("q_len", True), ("max_seq_len", float("inf")), ("max_seq_len", -5),
-                                        ("max_seq_len", None), ("num_sms", "132")])
+                                        ("max_seq_len", None), ("num_sms", "132"), ("fp8", 1), ("fp8", None)])
 def test_default_num_kv_splits_names_a_bad_argument(name, value):
     from mla_variants import default_num_kv_splits
     args = dict(batch=1, num_heads=16, q_len=1, max_seq_len=4096, num_sms=132)

@@ -16,6 +16,26 @@
 #define MLA_ST 1
 #endif
 
+// MLA_ST32 (default 1; 0 for an A/B): bf16/fp16 variants of 17..32 heads run the transposed consumer
+// too, with 32 query rows per CTA (wgmma n32), instead of the 64-row path with 32 rows of padding.
+// At 32 heads the 64-row kernel streamed the cache at 3.0-4.2 TB/s where the 16-head transposed one
+// reached 3.3-4.55 (docs/bench/v3.22.json); the transposed S^T and O^T wgmmas of 32 rows read the same
+// A operand (the KV tile) as those of 16 and half the tensor work of the padded 64-row ones.
+// The merge buffer of 32 rows (66 KiB) shares the idle KV ring (SharedStorageSt::kOxInRing).
+#ifndef MLA_ST32
+#define MLA_ST32 1
+#endif
+// MLA_ST32_MIN_KEYS (default 1024; 0: always the transposed kernel): such a variant also compiles the
+// 64-row kernel (rows64.cuh, a second unit), and a launch whose splits can hold fewer keys than this
+// (short_split_keys in launch.cuh) runs that one instead. Measured (docs/perf-notes.md v3.23, 48 bf16
+// anchors at 32 heads): the transposed kernel is 2-9% faster from 1024 keys per CTA up (batch 128, and
+// splits of 1024+), the 64-row one 3-8% faster below (batch 1-32 splits of 64-256 keys: its two
+// warpgroups share every tile, the transposed ones take alternate tiles and merge 64 KiB of O^T at
+// the end, and pages 64 / 128 load by TMA there).
+#ifndef MLA_ST32_MIN_KEYS
+#define MLA_ST32_MIN_KEYS 1024
+#endif
+
 // Switches of the transposed fp8 register path, measured on the H200 (docs/perf-notes.md, seventh
 // session): MLA_ST_MERGE_V4 (default 1) merge_st writes and adds O^T as float4 in a chunk-swizzled
 // order (0: the scalar merge, 8-way bank conflicts in the register path's row order; 0 is 5% slower);
@@ -196,10 +216,13 @@ constexpr int kThreadsPerRow = 8;     // producer threads that copy one 1152-byt
 
 // The transposed path and its row block per CTA: 16 rows (wgmma n16) for 9..16 heads, 8 (n8) for up
 // to 8. Rows are still (qi, h) pairs, row = qi * NUM_HEADS + h, so q_len > 1 fills the block.
-template <int NUM_HEADS>
-constexpr bool kUseSt = MLA_ST != 0 && NUM_HEADS <= 16;
-template <int NUM_HEADS>
-constexpr int kRowBlock = kUseSt<NUM_HEADS> ? (NUM_HEADS <= 8 ? 8 : 16) : kBlockM;
+// 16-bit caches also take it for 17..32 heads (MLA_ST32): 32 rows (wgmma n32). fp8 caches keep the
+// 64-row path there, since the transposed fp8 register path's three warpgroups have 152 registers
+// each and O^T of 32 rows would take 128 of them.
+template <int NUM_HEADS, bool kFp8>
+constexpr bool kUseSt = MLA_ST != 0 && (NUM_HEADS <= 16 || (MLA_ST32 != 0 && !kFp8 && NUM_HEADS <= 32));
+template <int NUM_HEADS, bool kFp8>
+constexpr int kRowBlock = kUseSt<NUM_HEADS, kFp8> ? (NUM_HEADS <= 8 ? 8 : NUM_HEADS <= 16 ? 16 : 32) : kBlockM;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

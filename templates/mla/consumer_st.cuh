@@ -1,10 +1,11 @@
-// The transposed ("S^T") math warpgroups for variants with at most 16 heads (MLA_ST, constants.cuh).
+// The transposed ("S^T") math warpgroups for variants with at most 16 heads, and bf16/fp16 variants of
+// 17..32 heads (MLA_ST, MLA_ST32, constants.cuh).
 //
 // Why: the 64-row consumer (consumer.cuh) puts a CTA's query rows (qi, h) on wgmma M = 64. With 16
 // heads and q_len 1 only 16 of those rows are real, so three quarters of every S and P V wgmma is
 // padding and the 16-head bf16 kernel sits at its tensor-core time per tile (~2 us per 64-token tile
 // per SM), which also keeps the fp8 cache from being faster than bf16. Here the roles swap: the KV
-// tile's 64 tokens are M and the CTA's kRows = 8 or 16 query rows are N (wgmma n8 / n16):
+// tile's 64 tokens are M and the CTA's kRows = 8, 16 or 32 query rows are N (wgmma n8 / n16 / n32):
 //   S^T[64 x kRows]  = K[64 x 576] Q^T               (A = KV tile, K-major; B = Q, K-major)
 //   O^T[512 x kRows] += V^T[512 x 64] P^T[64 x kRows] (A = the same stage read MN-major; B = P^T)
 // so the tensor work per tile scales with kRows instead of 64.
@@ -13,7 +14,8 @@
 // and rotates tile t through stage t % 4 there): tile t lives in stage t % 2 and belongs wholly to
 // math warpgroup t % 2, which computes
 // its S^T, its softmax and O^T += V^T P^T over all 512 latent rows. Each warpgroup keeps its own
-// running max, row sums and O^T (512 x 16 fp32 over 128 threads = 64 registers); there is no hand-off
+// running max, row sums and O^T (512 x kRows fp32 over 128 threads: 64 registers at 16 rows, 128 at
+// 32); there is no hand-off
 // inside the loop, so each stage's slots are read by that warpgroup's 4 warps only (kv_empty expects
 // 4 arrivals). The RoPE slot is released once S^T is done, the latent slots once P V is done. At the
 // end the two partial softmaxes are merged exactly as flash-decoding merges splits (Dao et al. 2023,

@@ -20,15 +20,16 @@
 //     (two producer warps widen in place);
 //   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
 //     workspace).
-// With MLA_ST (default) variants of at most 16 heads take the transposed path instead
-// (consumer_st.cuh): blocks of 8 or 16 query rows, S^T = K Q^T with tokens on wgmma M, each math
+// With MLA_ST (default) variants of at most 16 heads, and bf16/fp16 ones of 17..32 (MLA_ST32), take the
+// transposed path instead (consumer_st.cuh): blocks of 8, 16 or 32 query rows, S^T = K Q^T with tokens on wgmma M, each math
 // warpgroup owning whole tiles, the two partial softmaxes merged through shared memory at the end
 // (store_rows_st). For bf16 / fp16 the producer and the KV ring are the same (cp.async only, no TMA);
 // only Q's row count differs. fp8 caches there keep raw e4m3 bytes in a 4-stage ring and the math
 // warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
 // budgets on this path: 56 (producer) / 224 (math); the fp8 variants there run three math warpgroups
 // (MLA_FP8_ST_WGS, 512 threads, 56 / 152), tile t owned by warpgroup t % 3, their three partial
-// softmaxes merged the same way.
+// softmaxes merged the same way. The 17..32-head bf16/fp16 variants also instantiate the 64-row kernel
+// (ROWS = kBlockM, rows64.cuh) for launches whose splits are short (MLA_ST32_MIN_KEYS).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
@@ -58,7 +59,7 @@ using namespace cute;
 
 struct DecodeParams {
   MlaDecodeArgs a;
-  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kRowBlock<NUM_HEADS>)
+  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kRowBlock<NUM_HEADS, fp8>)
   float scale_log2;     // softmax_scale * log2(e)
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
@@ -479,7 +480,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 
 // Variants that can run a balanced schedule (schedule.cuh): the 64-row path of 16-bit caches.
 template <class Cache, int NUM_HEADS>
-constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
+constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !CacheTypes<Cache>::kFp8;
 
 // ---------------------------------------------------------------------------------------------
 // The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
@@ -490,7 +491,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS> && !CacheTypes<Cache>::kFp8;
 // still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
 // kShort: the short-split fp8 kernel's storage (32-token tiles, four stages) and its S-first order.
 template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kShort = false>
-__device__ __forceinline__ void rows_64(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS, kShort>& s, const CtaWork& w,
+__device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cache, kShort>& s, const CtaWork& w,
                                         int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
@@ -642,7 +643,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
 // The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
 // writes its rows: out 0 and lse -inf, or NaN), with the stage and Q parities the producer uses.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
-__device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelStorage<Cache, NUM_HEADS>& s) {
+__device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedStorage<Cache>& s) {
   static_assert(SPLIT, "a scheduled launch writes workspace pieces: split variants only");
   const MlaDecodeArgs& a = p.a;
   int c, m_block;
@@ -671,12 +672,12 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, KernelS
   allow_dependent_launch<SPLIT>();
 }
 
-// The tensor map a producer loads full tiles with (kTmaPages variants whose host encoded one; not the
+// The tensor map a producer loads full tiles with (kTmaPages kernels whose host encoded one; not the
 // fp8 short-split kernel), or null: every tile by cp.async.
-template <class Cache, int PAGE_SIZE, int NUM_HEADS, bool SHORT>
+template <class Cache, int PAGE_SIZE, int ROWS, bool SHORT>
 __device__ __forceinline__ const void* kv_map_of(const DecodeParams& p) {
 #if MLA_TMA
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS> && !SHORT) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, ROWS> && !SHORT) {
     if (p.use_tma) return &p.kv_map;
   }
 #endif
@@ -692,16 +693,22 @@ __device__ __forceinline__ const void* kv_map_of(const DecodeParams& p) {
 // measured ~2.5 us slower (docs/perf-notes.md, balanced schedule).
 // SHORT: the short-split instantiation of fp8 split variants on the 64-row path (32-token tiles in
 // four stages; launch.cuh picks it from the keys per split, constants.cuh MLA_FP8_SHORT_SPLIT_KEYS).
-template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false, bool SHORT = false>
-__global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
+// ROWS: query rows per CTA, which picks the path: kBlockM the 64-row one, 8 / 16 / 32 the transposed
+// one. The variant's own kernel takes kRowBlock; 17..32-head 16-bit variants also have a 64-row
+// kernel for launches with short splits (rows64.cuh, constants.cuh MLA_ST32_MIN_KEYS).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false, bool SHORT = false,
+          int ROWS = kRowBlock<NUM_HEADS, CacheTypes<Cache>::kFp8>>
+__global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   using L = KernelLayouts<Element>;
-  using Storage = KernelStorage<Cache, NUM_HEADS, SHORT>;
-  static_assert(!SHORT || (Types::kFp8 && !kUseSt<NUM_HEADS> && SPLIT && !SCHED), "short tiles: fp8 split variants, 64-row path");
-  static_assert(Storage::kThreads == KernelStorage<Cache, NUM_HEADS>::kThreads, "one block size per variant");
-  constexpr bool kSt = kUseSt<NUM_HEADS>;
+  using Storage = KernelStorage<Cache, ROWS, SHORT>;
+  constexpr bool kSt = ROWS != kBlockM;
+  static_assert(!SHORT || (Types::kFp8 && !kSt && SPLIT && !SCHED), "short tiles: fp8 split variants, 64-row path");
+  static_assert(!kSt || ROWS == kRowBlock<NUM_HEADS, Types::kFp8>, "the transposed path: the variant's own row block");
+  static_assert(Storage::kThreads == KernelStorage<Cache, kRowBlock<NUM_HEADS, Types::kFp8>>::kThreads,
+                "one block size per variant");
   extern __shared__ char smem_raw[];
   // Aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler still knows
   // every access below is to shared memory (LDS/STS rather than generic LD/ST).
@@ -710,7 +717,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
 
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
-  static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT), "the scheduled kernel: split variants of the 64-row 16-bit path");
+  static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT && !kSt), "the scheduled kernel: split variants of the 64-row 16-bit path");
   // MLA_Q_FIRST: the producer threads issue their Q copies first, the uniform 16-bit kernels only
   // (the fp8 producers issue Q first themselves, produce_fp8 and produce_fp8_ring, since they round it
   // after copying it; a scheduled CTA learns its request from the schedule).
@@ -753,7 +760,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
     if constexpr (SCHED) {
-      produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
+      produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map_of<Cache, PAGE_SIZE, ROWS, SHORT>(p));
       return;
     }
     const int b = w0.b, m_block = w0.m_block, kv_begin = w0.kv_begin, kv_end = w0.kv_end, num_tiles = w0.num_tiles;
@@ -764,10 +771,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
       } else if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
                                           tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x,
-                                          kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
+                                          kv_map_of<Cache, PAGE_SIZE, ROWS, SHORT>(p));
       } else {
         produce<Cache, NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x,
-                                                      kv_map_of<Cache, PAGE_SIZE, NUM_HEADS, SHORT>(p));
+                                                      kv_map_of<Cache, PAGE_SIZE, ROWS, SHORT>(p));
       }
       trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {
@@ -811,7 +818,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, NUM_HEADS>::kThreads, 1)
   if constexpr (kSt) {
     // Transposed path: this thread's query rows are columns of S^T (consumer_st.cuh). Columns past
     // the real rows take qi = q_len - 1 (finite scores from zero Q rows, never stored).
-    constexpr int kRows = kRowBlock<NUM_HEADS>;
+    constexpr int kRows = ROWS;
     using LS = StLayouts<Element, kRows>;
     StContext<kRows> ctx;
     ctx.kv_begin = kv_begin;

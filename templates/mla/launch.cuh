@@ -98,11 +98,20 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
 // Variants with a short-split kernel (constants.cuh MLA_FP8_SHORT_SPLIT_KEYS): fp8 split variants of
 // the 64-row path.
 template <class Cache, int NUM_HEADS, bool SPLIT>
-constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS> && SPLIT;
+constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS, true> && SPLIT;
 // Sets up and launches the short-split kernel; defined in short_split.cuh and compiled in the variant's
 // second unit (<variant>_short.cu), so this one never instantiates that kernel.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE>
 cudaError_t launch_short_split(const DecodeParams& p, dim3 grid, cudaStream_t stream);
+
+// Variants with a 64-row kernel beside their transposed one (constants.cuh MLA_ST32_MIN_KEYS): bf16 /
+// fp16 variants of 17..32 heads.
+template <class Cache, int NUM_HEADS>
+constexpr bool kHasRows64Kernel = MLA_ST32_MIN_KEYS > 0 && !CacheTypes<Cache>::kFp8 && kRowBlock<NUM_HEADS, false> == 32;
+// Sets up and launches that kernel; defined in rows64.cuh and compiled in the variant's second unit
+// (<variant>_rows64.cu).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+cudaError_t launch_rows64(const DecodeParams& p, dim3 grid, cudaStream_t stream);
 
 // The most keys one split of this launch can get: split_range's whole tiles per split for the longest
 // request the caller announces (max_seq_len, when set and below the block table's capacity) or the
@@ -146,8 +155,14 @@ int launch(const MlaDecodeArgs* args) {
 
   DecodeParams p;
   p.a = a;
-  constexpr int kRows = kRowBlock<NUM_HEADS>;  // 64, or 8 / 16 on the transposed path (MLA_ST)
-  p.num_m_blocks = (NUM_HEADS * a.q_len + kRows - 1) / kRows;
+  constexpr int kRows = kRowBlock<NUM_HEADS, CacheTypes<Cache>::kFp8>;  // 64, or 8 / 16 / 32 on the transposed path (MLA_ST)
+  // 17..32-head 16-bit variants: the 64-row kernel when every split is short (MLA_ST32_MIN_KEYS).
+  bool rows64 = false;
+  if constexpr (kHasRows64Kernel<Cache, NUM_HEADS>) {
+    rows64 = short_split_keys(a, PAGE_SIZE) < MLA_ST32_MIN_KEYS;
+  }
+  const int rows = rows64 ? kBlockM : kRows;
+  p.num_m_blocks = (NUM_HEADS * a.q_len + rows - 1) / rows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TRACE
   p.trace = trace_buffer_for_launch();
@@ -161,8 +176,8 @@ int launch(const MlaDecodeArgs* args) {
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
   // MLA_FP8_TMA's map serves the 64-token fp8 kernel only, not the short-split one.
-  if constexpr (kTmaPages<Cache, PAGE_SIZE, NUM_HEADS>) {
-    if (!short_split) {
+  if constexpr (kTmaPages<Cache, PAGE_SIZE, kBlockM>) {
+    if (!short_split && rows == kBlockM) {
       p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
       if (!p.use_tma && tma_required()) return int(cudaErrorNotSupported);
     }
@@ -187,9 +202,10 @@ int launch(const MlaDecodeArgs* args) {
   const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
+  using Storage = KernelStorage<Cache, kRows>;
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  const int smem_bytes = int(sizeof(KernelStorage<Cache, NUM_HEADS>)) + 1024;  // + room to align to 1024
-  static_assert(sizeof(KernelStorage<Cache, NUM_HEADS>) + 1024 <= 227 * 1024, "shared memory per CTA");
+  const int smem_bytes = int(sizeof(Storage)) + 1024;  // + room to align to 1024
+  static_assert(sizeof(Storage) + 1024 <= 227 * 1024, "shared memory per CTA");
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
   }
@@ -197,10 +213,12 @@ int launch(const MlaDecodeArgs* args) {
   cudaError_t err = cudaSuccess;
   if (short_split) {
     if constexpr (kHasShortKernel<Cache, NUM_HEADS, SPLIT>) err = launch_short_split<Cache, NUM_HEADS, PAGE_SIZE>(p, grid, stream);
+  } else if (rows64) {
+    if constexpr (kHasRows64Kernel<Cache, NUM_HEADS>) err = launch_rows64<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
   } else {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return int(err);
-    kernel<<<grid, KernelStorage<Cache, NUM_HEADS>::kThreads, smem_bytes, stream>>>(p);
+    kernel<<<grid, Storage::kThreads, smem_bytes, stream>>>(p);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) return int(err);

@@ -109,7 +109,7 @@ struct SharedStorage {
   __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return row * kSubTileCols + 16 * chunk; }
 };
 
-// The transposed path (consumer_st.cuh) for kRows = 8 or 16 query rows per CTA. Tokens sit on wgmma
+// The transposed path (consumer_st.cuh) for kRows = 8, 16 or 32 query rows per CTA. Tokens sit on wgmma
 // M = 64 and query rows on N = kRows:
 //   S^T[64 x kRows]  = K[64 x 576] Q^T: A = the KV tile as K (SmemLayoutKV), B = Q (kRows x 576),
 //                      both K-major;
@@ -118,7 +118,7 @@ struct SharedStorage {
 //                      warpgroup covers all 512 rows of O^T as 8 atoms of 64 along M.
 template <class Element, int kRows>
 struct StLayouts {
-  static_assert(kRows == 8 || kRows == 16, "wgmma n8 / n16");
+  static_assert(kRows == 8 || kRows == 16 || kRows == 32, "wgmma n8 / n16 / n32");
   using SmemLayoutQ =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kHeadDimK>>{}));
   using SmemLayoutPt =
@@ -139,9 +139,31 @@ struct StLayouts {
 // accumulator writes (row n = 2 * (lane % 4) + ..., column d = lane / 4 + ...) hit 32 distinct banks.
 // (The fp8 register path's row order, d = 128 warp + 16 (lane / 4) + ..., does not; merge_st writes it
 // as swizzled float4 instead, kMergeV4 in consumer_st.cuh.)
+// At 32 rows the exchange buffer (66 KiB) does not fit beside Q (36 KiB) and the ring (144 KiB), so it
+// takes the ring's first bytes (kOxInRing): merge_st writes it only after both math warpgroups passed
+// their loops (kBarStMerge), when every tile has landed (cp.async, waited for by the producer before
+// its arrival on kv_full) and every wgmma that read a stage has completed (warpgroup_wait<0>).
 constexpr int kOxStride = kHeadDimV + 4;
+// Q, the ring, P^T and o_x of SharedStorageSt (a base, so that the members keep their order and names).
+template <class Element, int kRows, bool kOxInRing = (kRows > 16)>
+struct StOperands {
+  alignas(1024) Element q[kRows * kHeadDimK];
+  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];  // P^T of the warpgroup's current tile
+  alignas(16) float o_x[kRows * kOxStride];                   // merged O (row n at n * kOxStride)
+};
+template <class Element, int kRows>
+struct StOperands<Element, kRows, true> {
+  alignas(1024) Element q[kRows * kHeadDimK];
+  union {
+    alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
+    alignas(16) float o_x[kRows * kOxStride];  // merged O, in the idle ring (merge_st)
+  };
+  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];
+  static_assert(kRows * kOxStride * 4 <= kStages * kBlockN * kHeadDimK * 2, "o_x fits in the ring");
+};
 template <class Cache, int kRows>
-struct SharedStorageSt {
+struct SharedStorageSt : StOperands<typename CacheTypes<Cache>::Mma, kRows> {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
   static constexpr int kRowsPerCta = kRows;
@@ -152,10 +174,6 @@ struct SharedStorageSt {
   static constexpr int kMathWgs = kNumWarpgroups;
   static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   static_assert(!Types::kFp8, "fp8 caches on the transposed path use SharedStorageStFp8");
-  alignas(1024) Element q[kRows * kHeadDimK];
-  alignas(1024) Element kv[kStages][kBlockN * kHeadDimK];
-  alignas(1024) Element pt[kNumWarpgroups][kRows * kBlockN];  // P^T of the warpgroup's current tile
-  alignas(16) float o_x[kRows * kOxStride];                   // merged O (row n at n * kOxStride)
   float col_stat[kNumWarpgroups][4][kRows];  // per warp of a warpgroup: column max (loop), sum (end)
   float wg_max[kNumWarpgroups][kRows];       // each warpgroup's final running max per column
   uint64_t q_full;
@@ -211,12 +229,12 @@ struct SharedStorageStFp8 {
   __host__ __device__ static constexpr int raw_chunk_offset(int row, int chunk) { return raw_offset(row, chunk); }
 };
 
-// The shared storage a variant's kernel uses (kShort: the 64-row path's short-split fp8 kernel).
-template <class Cache, int NUM_HEADS, bool kShort = false>
+// The shared storage of a kernel with ROWS query rows per CTA: kBlockM the 64-row path (kShort: its
+// short-split fp8 kernel), 8 / 16 / 32 the transposed one.
+template <class Cache, int ROWS, bool kShort = false>
 using KernelStorage = std::conditional_t<
-    kUseSt<NUM_HEADS>,
-    std::conditional_t<CacheTypes<Cache>::kFp8, SharedStorageStFp8<kRowBlock<NUM_HEADS>>,
-                       SharedStorageSt<Cache, kRowBlock<NUM_HEADS>>>,
+    ROWS != kBlockM,
+    std::conditional_t<CacheTypes<Cache>::kFp8, SharedStorageStFp8<ROWS>, SharedStorageSt<Cache, ROWS>>,
     SharedStorage<Cache, kShort>>;
 
 // The RoPE sub-tile of a KV stage of kTileN tokens, where the seesaw consumer keeps the tile's P.

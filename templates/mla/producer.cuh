@@ -80,9 +80,9 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // (MLA_TMA=0: 4.28 vs 4.07 TB/s at 16 x 128 x 16384; docs/perf-notes.md, v3.5).
 // fp8 caches (MLA_FP8_TMA, constants.cuh) take the same tiling for their raw bytes (copy_fp8_tiles), in
 // the 64-token kernel only (not the short-split one).
-template <class Cache, int PAGE_SIZE, int NUM_HEADS>
+template <class Cache, int PAGE_SIZE, int ROWS>
 constexpr bool kTmaPages = MLA_TMA != 0 && (!CacheTypes<Cache>::kFp8 || MLA_FP8_TMA != 0) && PAGE_SIZE % kBlockN == 0 &&
-                           !kUseSt<NUM_HEADS>;
+                           ROWS == kBlockM;
 constexpr int kBarFp8Copy = 7;  // named barrier over the fp8 copy warps (MLA_FP8_TMA)
 
 // The TMA loop of produce (bf16/fp16) and copy_fp8_tiles (fp8 raw bytes): tiles [t0, t1), all full,
@@ -159,7 +159,7 @@ template <class Element, int NUM_HEADS, int PAGE_SIZE, bool kQIssued = false, cl
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                         int kv_begin, int kv_end, int num_tiles, int ptid, const void* kv_map,
                                         int phases = 0) {
-  constexpr bool kTma = kTmaPages<Element, PAGE_SIZE, NUM_HEADS>;
+  constexpr bool kTma = kTmaPages<Element, PAGE_SIZE, Storage::kRowsPerCta>;
   if constexpr (kTma) {
     if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   }
