@@ -104,6 +104,18 @@ constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cach
 template <class Cache, int NUM_HEADS, int PAGE_SIZE>
 cudaError_t launch_short_split(const DecodeParams& p, dim3 grid, cudaStream_t stream);
 
+// Launches one decode kernel whose CTA holds a Storage in dynamic shared memory (+ 1 KiB of room to
+// align it to 1024 bytes): the main kernel, the fp8 short-split one and the 64-row one of 17..32 heads.
+template <class Storage, class Kernel>
+cudaError_t launch_decode_kernel(Kernel kernel, const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  static_assert(sizeof(Storage) + 1024 <= 227 * 1024, "shared memory per CTA");
+  const int smem_bytes = int(sizeof(Storage)) + 1024;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, Storage::kThreads, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // Variants with a 64-row kernel beside their transposed one (constants.cuh MLA_ST32_MIN_KEYS): bf16 /
 // fp16 variants of 17..32 heads.
 template <class Cache, int NUM_HEADS>
@@ -202,10 +214,7 @@ int launch(const MlaDecodeArgs* args) {
   const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
-  using Storage = KernelStorage<Cache, kRows>;
   auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  const int smem_bytes = int(sizeof(Storage)) + 1024;  // + room to align to 1024
-  static_assert(sizeof(Storage) + 1024 <= 227 * 1024, "shared memory per CTA");
   if constexpr (SPLIT && kSchedulable<Cache, NUM_HEADS>) {
     if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
   }
@@ -216,10 +225,7 @@ int launch(const MlaDecodeArgs* args) {
   } else if (rows64) {
     if constexpr (kHasRows64Kernel<Cache, NUM_HEADS>) err = launch_rows64<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
   } else {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return int(err);
-    kernel<<<grid, Storage::kThreads, smem_bytes, stream>>>(p);
-    err = cudaGetLastError();
+    err = launch_decode_kernel<KernelStorage<Cache, kRows>>(kernel, p, grid, stream);
   }
   if (err != cudaSuccess) return int(err);
 

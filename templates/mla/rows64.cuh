@@ -11,14 +11,8 @@ namespace mla {
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 cudaError_t launch_rows64(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (kHasRows64Kernel<Cache, NUM_HEADS>) {
-    using Storage = KernelStorage<Cache, kBlockM>;
-    static_assert(sizeof(Storage) + 1024 <= 227 * 1024, "shared memory per CTA");
-    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, kBlockM>;
-    const int smem_bytes = int(sizeof(Storage)) + 1024;  // + room to align to 1024
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return err;
-    kernel<<<grid, Storage::kThreads, smem_bytes, stream>>>(p);
-    return cudaGetLastError();
+    return launch_decode_kernel<KernelStorage<Cache, kBlockM>>(
+        mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, kBlockM>, p, grid, stream);
   } else {
     return cudaErrorInvalidValue;  // never called: this variant has no 64-row kernel beside its own
   }

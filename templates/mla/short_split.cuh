@@ -12,15 +12,10 @@ template <class Cache, int NUM_HEADS, int PAGE_SIZE>
 cudaError_t launch_short_split(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (kHasShortKernel<Cache, NUM_HEADS, true>) {
     using ShortStorage = KernelStorage<Cache, kBlockM, true>;
-    static_assert(sizeof(ShortStorage) + 1024 <= 227 * 1024, "shared memory per CTA");
     static_assert(ShortStorage::kThreads == KernelStorage<Cache, kRowBlock<NUM_HEADS, true>>::kThreads,
                   "one block size per variant");
-    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, true, false, true>;
-    const int smem_bytes = int(sizeof(ShortStorage)) + 1024;  // + room to align to 1024
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return err;
-    kernel<<<grid, ShortStorage::kThreads, smem_bytes, stream>>>(p);
-    return cudaGetLastError();
+    return launch_decode_kernel<ShortStorage>(mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, true, false, true>, p, grid,
+                                              stream);
   } else {
     return cudaErrorInvalidValue;  // never called: this variant has no short-split kernel
   }
