@@ -36,8 +36,9 @@ per-tile rate, the cost of a segment and the fixed cost: the terms of the schedu
 
 A build without MLA_TRACE has no stamps; the script then says so. A case runs only where its call
 is one launch of a variant compiled for exactly its head count (no masked rows, no head groups), so
-that the CTA indices decode to the kernel's row blocks; the decoding assumes the default transposed
-path for up to 16 heads (a -DMLA_ST=0 build would be decoded wrongly).
+that the CTA indices decode to the kernel's row blocks; the decoding assumes the default build's paths
+(the transposed one up to 16 heads, 32 for 16-bit caches, whose short splits run the 64-row kernel;
+a -DMLA_ST=0 or -DMLA_ST32=0 build would be decoded wrongly).
 """
 from __future__ import annotations
 
@@ -52,16 +53,20 @@ import bench  # noqa: E402  (this directory: the benchmark's case loading, input
 import torch  # noqa: E402
 
 from mla_variants import _binding  # noqa: E402
-from mla_variants.api import _rows_per_cta  # noqa: E402
+from mla_variants.api import _launch_rows, _rows_per_cta  # noqa: E402
 
 SLOTS = 16                # 64-bit words per CTA (templates/mla/trace.cuh kTraceSlots; TraceSlot below)
 ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED = range(10)
 
 
-def rows_per_cta(num_heads: int, dtype: str = "bf16") -> int:
+def rows_per_cta(num_heads: int, dtype: str = "bf16", max_seq_len: int | None = None, num_kv_splits: int = 1) -> int:
     """Query rows per CTA of the default build (MLA_ST, MLA_ST32): 8 up to 8 heads, 16 up to 16, 32 up
-    to 32 (16-bit caches), else 64 (mla_variants.api._rows_per_cta)."""
-    return _rows_per_cta(num_heads, dtype == "fp8_e4m3")
+    to 32 (16-bit caches), else 64 (mla_variants.api._rows_per_cta); given the launcher's bound
+    (max_seq_len) and the split count, 64 for a 17..32-head launch whose splits run the 64-row kernel
+    (api._launch_rows)."""
+    fp8 = dtype == "fp8_e4m3"
+    return _rows_per_cta(num_heads, fp8) if max_seq_len is None else _launch_rows(num_heads, fp8, max_seq_len,
+                                                                                   num_kv_splits)
 
 
 def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
@@ -220,7 +225,8 @@ def main(argv=None) -> int:
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         call, out, lse = bench.decode_call(inputs, splits)
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
-        m_blocks = -(-heads * q_len // rows_per_cta(heads, args.dtype))
+        bound = inputs["block_table"].shape[1] * page  # the launcher's bound: decode_call gives no max_seq_len
+        m_blocks = -(-heads * q_len // rows_per_cta(heads, args.dtype, bound, splits))
         grid_x, grid_y = m_blocks * batch, splits
         if args.balanced:
             call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)

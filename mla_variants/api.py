@@ -51,6 +51,24 @@ def _rows_per_cta(num_heads: int, fp8: bool = False) -> int:
         return BLOCK_M
     return 8 if num_heads <= 8 else 16 if num_heads <= 16 else 32
 
+
+ST32_MIN_KEYS = 1024  # constants.cuh MLA_ST32_MIN_KEYS: shorter splits of 17..32 heads run the 64-row kernel
+
+
+def _split_keys(max_seq_len: int, num_kv_splits: int) -> int:
+    """The most keys one split can get (launch.cuh short_split_keys): whole 64-key tiles per split."""
+    return -(-(-(-max_seq_len // BLOCK_N)) // num_kv_splits) * BLOCK_N
+
+
+def _launch_rows(num_heads: int, fp8: bool, max_seq_len: int, num_kv_splits: int) -> int:
+    """Query rows per CTA of the kernel a launch runs (launch.cuh): _rows_per_cta, except that a
+    17..32-head 16-bit launch whose splits are all shorter than ST32_MIN_KEYS runs its 64-row kernel.
+    max_seq_len: the bound the launcher sees (the caller's, else the block table's capacity)."""
+    rows = _rows_per_cta(num_heads, fp8)
+    if rows == 32 and _split_keys(max_seq_len, num_kv_splits) < ST32_MIN_KEYS:
+        return BLOCK_M
+    return rows
+
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
 _KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
@@ -94,8 +112,9 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     the call may see; block_table's width times page_size when the caller gives nothing better),
     num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
     batch * ceil(num_heads * q_len / rows) CTAs with rows = 64 query rows per CTA, or 32 for 17..32
-    heads (16-bit caches; fp8=True: an fp8_e4m3 cache, which takes 64 there), 16 for 9..16 heads and
-    8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
+    heads (16-bit caches; fp8=True: an fp8_e4m3 cache, which takes 64 there; and 64 again when the
+    pieces this gives are shorter than 1024 keys, since such launches run the 64-row kernel), 16 for
+    9..16 heads and 8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
     a larger compiled head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a
     request of max_seq_len: the two 64-key tiles one round of the kernel's two math warpgroups takes;
@@ -117,8 +136,18 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
 
 
 def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, fp8: bool = False) -> int:
-    """default_num_kv_splits on arguments already known to be in range (the per-call path)."""
-    ctas = batch * -(-(num_heads * q_len) // _rows_per_cta(num_heads, fp8))
+    """default_num_kv_splits on arguments already known to be in range (the per-call path). A 17..32-head
+    16-bit call whose pieces come out shorter than ST32_MIN_KEYS runs the 64-row kernel (fewer CTAs at
+    q_len > 1), so the count is taken again for 64-row CTAs; its pieces are then shorter still."""
+    n = _splits_for_rows(batch, num_heads * q_len, _rows_per_cta(num_heads, fp8), max_seq_len, num_sms)
+    if _launch_rows(num_heads, fp8, max_seq_len, n) == BLOCK_M and _rows_per_cta(num_heads, fp8) != BLOCK_M:
+        n = _splits_for_rows(batch, num_heads * q_len, BLOCK_M, max_seq_len, num_sms)
+    return n
+
+
+def _splits_for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sms: int) -> int:
+    """The heuristic's count for CTAs of `rows` query rows (default_num_kv_splits)."""
+    ctas = batch * -(-rows_per_req // rows)
     if ctas == 0 or ctas >= num_sms:
         return 1
     by_sms = num_sms // ctas
@@ -429,8 +458,8 @@ def _pack(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | None
           stream: int, schedule: int = 0, sched_ctas: int = 0, max_seq_len: int = 0) -> list[tuple[str, bytes]]:
     """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]. schedule: the
     device address of a balanced schedule (MLADecodePlan.schedule) for sched_ctas CTAs per row block, or 0.
-    max_seq_len: the caller's bound of seq_lens (0: none), from which the launcher picks the fp8 kernel
-    of short splits (templates/mla/launch.cuh)."""
+    max_seq_len: the caller's bound of seq_lens (0: none), from which the launcher picks a variant's
+    second kernel for short splits (fp8; 17..32 heads' 64-row one; templates/mla/launch.cuh)."""
     o, ls = c.out, c.lse
     o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
     qn_st, qp_st = c.qn_st, c.qp_st

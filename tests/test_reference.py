@@ -103,7 +103,10 @@ def test_split_heuristic_and_workspace_size():
     # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path, MLA_ST)
     assert default_num_kv_splits(33, 16, 4, 16384, 132) == 1             # 33 x 4 CTAs fill the GPU
     assert default_num_kv_splits(1, 8, 8, 16384, 132) == 16              # 8 CTAs -> 16 pieces each
-    assert default_num_kv_splits(1, 32, 2, 16384, 132) == 64             # two 32-row CTAs, 256 tiles
+    assert default_num_kv_splits(1, 32, 2, 16384, 132) == 64             # capped; 256-key pieces: 64-row kernel
+    assert default_num_kv_splits(4, 32, 2, 4096, 132) == 32              # 16 pieces of 256 keys for 32-row CTAs
+    #   would run the 64-row kernel on 64 CTAs: counted again for 64-row CTAs, 32 pieces (128 CTAs)
+    assert default_num_kv_splits(4, 32, 1, 4096, 132) == 32              # q_len 1: 32 or 64 rows, one CTA per request
     assert default_num_kv_splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
     assert default_num_kv_splits(66, 32, 2, 16384, 132, fp8=True) == 2   # fp8: one 64-row CTA per request
     assert workspace_size(4, 16, 2, 1) == 0
