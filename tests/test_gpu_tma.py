@@ -1,4 +1,4 @@
-"""The TMA path of variants with pages of 64 or 128 tokens and more than 16 heads (skipped without an
+"""The TMA path of 64-row kernels with pages of 64 or 128 tokens (more than 32 heads, 16 for fp8; skipped without an
 sm_90 GPU, or when the build has no such variant): bf16/fp16, and fp8_e4m3 (MLA_FP8_TMA).
 
 Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages,
@@ -12,7 +12,7 @@ back. So the TMA-vs-cp.async comparisons run the same saved inputs in two subpro
 (tests/_tma_worker.py) that differ only in MLA_TMA, and compare their outputs bit for bit: both paths
 put the same bytes in shared memory and the math is the same, so out and lse must be identical.
 
-- test_tma_variant_against_reference: every compiled p64/p128 variant with more than 16 heads
+- test_tma_variant_against_reference: every compiled p64/p128 variant of the 64-row path
   (the transposed path of smaller head counts gathers with cp.async; in this process, TMA on
   unless MLA_TMA=0 here) on seq_lens {0, 1, 63, 64, 65, 127, 128, 129, 65536, 65537, 65599} in one
   batch, q_len 1 and 2, forced splits, NaN-prefilled outputs, against the fp32 reference (for fp8: on
@@ -26,6 +26,8 @@ put the same bytes in shared memory and the math is the same, so out and lse mus
   which the default mode serves correctly through cp.async.
 - test_require_refuses_an_fp8_cache_tma_cannot_address: the same refusal for the fp8 64-token kernel's
   byte map (proof that the fp8 launch encodes one), and the cp.async fallback right.
+- test_require_shows_which_kernel_a_17_to_32_head_launch_runs: the same refusal for the 64-row kernel
+  of a 17..32-head variant (short splits), none for its transposed kernel (long splits).
 """
 import functools
 import os
@@ -113,7 +115,7 @@ def _assert_long_splits(dtype: str, max_seq_len: int, num_kv_splits: int) -> Non
 
 
 # ------------------------------------------------------------------------------------------------
-# 1. Every p64/p128 variant with more than 16 heads against the reference, 64K-token requests among short ones
+# 1. Every p64/p128 variant of the 64-row path against the reference, 64K-token requests among short ones
 
 LONG = 64 * 1024
 LENS = [LONG, 1, LONG + 1, 63, 64, 0, 65, 127, LONG + 63, 128, 129]
@@ -393,7 +395,7 @@ def test_require_encodes_a_contiguous_cache_and_refuses_what_tma_cannot_address(
                                        case.softmax_scale)
         _unencodable_jobs(jobs, page, dtype, refs)
     if not jobs.jobs:
-        pytest.skip("no bf16/fp16 variant with page_size 64 or 128 and more than 16 heads is compiled")
+        pytest.skip("no bf16/fp16 variant of the 64-row path with page_size 64 or 128 is compiled")
     got = jobs.run(tmp_path, ("require", "0", None))
     for i, label in enumerate(jobs.labels):
         _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}")
@@ -415,7 +417,7 @@ def test_require_with_overlapping_token_rows(tmp_path):
     page = 64 if _first_dtype(64) else 128
     dtype = _first_dtype(page)
     if dtype is None:
-        pytest.skip("no bf16/fp16 variant with page_size 64 or 128 and more than 16 heads is compiled")
+        pytest.skip("no bf16/fp16 variant of the 64-row path with page_size 64 or 128 is compiled")
     heads = _heads(page, dtype)[0]
     g = torch.Generator().manual_seed(6000 + page)
     pages, tok, pg = 6, 64, 64 * page + 512
@@ -446,7 +448,7 @@ def test_require_refuses_an_fp8_cache_tma_cannot_address(tmp_path):
     from mla_variants.fp8 import quantize_kv
     pages = [p for p, d in PAGE_DTYPES if d == FP8]
     if not pages:
-        pytest.skip("no fp8_e4m3 variant with page_size 64 or 128 and more than 16 heads is compiled")
+        pytest.skip("no fp8_e4m3 variant of the 64-row path with page_size 64 or 128 is compiled")
     jobs, refs = _Jobs(), []
     for page in pages:
         heads = _heads(page, FP8)[0]
@@ -469,3 +471,46 @@ def test_require_refuses_an_fp8_cache_tma_cannot_address(tmp_path):
         err = got["require"][i].get("error")
         assert err is not None, f"MLA_TMA=require, {label}: launched, but the fp8 map should be refused"
         assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
+
+
+def test_require_shows_which_kernel_a_17_to_32_head_launch_runs(tmp_path):
+    """bf16/fp16 variants of 17..32 heads run the transposed kernel (cp.async only) unless every split is
+    shorter than MLA_ST32_MIN_KEYS (1024 keys; launch.cuh, from the block table's capacity here), when
+    they run their 64-row kernel, which loads pages of 64 and 128 tokens by TMA. On a cache TMA cannot
+    address (pages expanded from one page), MLA_TMA=require must refuse (801) the launch whose block
+    table holds 256 / 512 keys and run the one whose table holds 1024: that shows the choice in both
+    directions and that the 64-row launch encodes its map. By default and with MLA_TMA=0 both match
+    the reference, bit for bit with each other."""
+    table_lib = _binding.library().table
+    jobs, refs, short = _Jobs(), [], set()
+    for page in TMA_PAGES:
+        for dtype in ("bf16", "fp16"):
+            heads = sorted({k[0] for k in table_lib if k[1] == page and k[2] == dtype and 16 < k[0] <= 32})
+            if not heads:
+                continue
+            g = torch.Generator().manual_seed(8000 + page + _SEED[dtype])
+            name = f"st32_one_page_p{page}_{dtype}"
+            jobs.add_base(name, (torch.randn(1, page, 576, generator=g) * 0.1).to(DT[dtype]))
+            q = (torch.randn(2, 1, heads[-1], 576, generator=g) * 0.1).to(DT[dtype])
+            lens = torch.tensor([3 * page + 10, page + 1], dtype=torch.int32)
+            scale = (128 + 64) ** -0.5
+            for pages in (4, 1024 // page):
+                spec = (name, (pages, page, 576), (0, 576, 1), 0)
+                table = torch.stack([torch.arange(pages), torch.arange(pages).flip(0)]).to(torch.int32)
+                i = jobs.add(f"p{page} {dtype} heads={heads[-1]} {pages * page}-key table, page stride 0", q, spec,
+                             table, lens, scale, 1)
+                if pages * page < 1024:
+                    short.add(i)
+                refs.append(mla_decode_reference(q.cuda(), jobs.view(*spec), table.cuda(), lens.cuda(), scale))
+    if not jobs.jobs:
+        pytest.skip("no bf16/fp16 variant of 17..32 heads with page_size 64 or 128 is compiled")
+    got = jobs.run(tmp_path, ("require", "0", None))
+    for i, label in enumerate(jobs.labels):
+        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}")
+        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
+        err = got["require"][i].get("error")
+        if i in short:  # the 64-row kernel: TMA, refused on this cache
+            assert err is not None, f"MLA_TMA=require, {label}: launched, but the 64-row kernel's map should be refused"
+            assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
+        else:  # the transposed kernel: no map to encode
+            _assert_bitwise(got["require"][i], got["0"][i], f"MLA_TMA=require vs MLA_TMA=0, {label}")

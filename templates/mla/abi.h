@@ -21,7 +21,8 @@ typedef struct MlaDecodeArgs {
   int32_t max_pages_per_seq; // block_table.shape[1]
   int32_t num_kv_splits;     // >= 1; must be 1 for a variant without split-KV
   int32_t max_seq_len;       // the caller's upper bound of seq_lens, or 0 (unknown: the block table's
-                             // capacity). Picks a kernel only (fp8 short splits, launch.cuh); any
+                             // capacity). Picks a kernel only (fp8 short splits, the 64-row kernel
+                             // of 17..32 heads; launch.cuh); any
                              // seq_lens within the block table stay exact.
 
   // q as two views: q_nope [batch, q_len, num_heads, 512] and q_pe [batch, q_len, num_heads, 64],

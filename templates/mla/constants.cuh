@@ -8,8 +8,9 @@
 #define MLA_TMA 1
 #endif
 
-// MLA_ST (default 1): variants with at most 16 heads run the transposed consumer (consumer_st.cuh):
-// S^T = K Q^T with the KV tile's 64 tokens on wgmma M and a CTA's 8 or 16 query rows on N, so a
+// MLA_ST (default 1): variants with at most 16 heads (and, with MLA_ST32 below, bf16/fp16 variants of
+// 17..32) run the transposed consumer (consumer_st.cuh):
+// S^T = K Q^T with the KV tile's 64 tokens on wgmma M and a CTA's 8, 16 or 32 query rows on N, so a
 // 16-head, q_len-1 CTA no longer pays for a 64-row block of which 48 rows are padding.
 // -DMLA_ST=0 compiles the 64-row "seesaw" path (consumer.cuh) back in for every variant (A/B).
 #ifndef MLA_ST

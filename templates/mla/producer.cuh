@@ -75,8 +75,8 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // tiles. split_range starts every split at a multiple of kBlockN, so tile t of a split starts at token
 // kv_begin + 64 t, a multiple of 64: with PAGE_SIZE % 64 == 0 a tile is exactly the 64 tokens at
 // offset (kv_begin + 64 t) % PAGE_SIZE of one page, which one box {64 columns, 64 tokens, 1 page}
-// per sub-tile addresses. Only the 64-row path takes it: variants on the transposed path (kUseSt,
-// at most 16 heads) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
+// per sub-tile addresses. Only the 64-row path takes it (ROWS == kBlockM): the transposed path (kUseSt,
+// at most 16 heads, or 32 with 16-bit caches) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
 // (MLA_TMA=0: 4.28 vs 4.07 TB/s at 16 x 128 x 16384; docs/perf-notes.md, v3.5).
 // fp8 caches (MLA_FP8_TMA, constants.cuh) take the same tiling for their raw bytes (copy_fp8_tiles), in
 // the 64-token kernel only (not the short-split one).
