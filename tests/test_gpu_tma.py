@@ -341,6 +341,23 @@ def test_negative_page_id_in_a_full_tile(tmp_path):
 # Under MLA_TMA=require they fail with cudaErrorNotSupported (801); by default they fall back to
 # cp.async for every tile and must still be right.
 
+def _run_require_modes(tmp_path, jobs: _Jobs, refs, refused, dtype: str = "bf16") -> None:
+    """Runs the jobs with MLA_TMA unset, 0 and require. Unset must match the reference and MLA_TMA=0 bit
+    for bit (a refused map falls back to cp.async); under require, the jobs in `refused` must fail with
+    801 and the others match MLA_TMA=0 bit for bit."""
+    got = jobs.run(tmp_path, ("require", "0", None))
+    for i, label in enumerate(jobs.labels):
+        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}", dtype)
+        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
+        if i in refused:
+            err = got["require"][i].get("error")
+            assert err is not None, f"MLA_TMA=require, {label}: launched, but its tensor map should be refused"
+            assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
+        else:
+            _assert_matches(got["require"][i], refs[i], f"MLA_TMA=require, {label}", dtype)
+            _assert_bitwise(got["require"][i], got["0"][i], f"MLA_TMA=require vs MLA_TMA=0, {label}")
+
+
 def _first_dtype(page):
     got = [d for p, d in PAGE_DTYPES if p == page and d != FP8]  # these cases build 16-bit caches
     return got[0] if got else None
@@ -396,17 +413,7 @@ def test_require_encodes_a_contiguous_cache_and_refuses_what_tma_cannot_address(
         _unencodable_jobs(jobs, page, dtype, refs)
     if not jobs.jobs:
         pytest.skip("no bf16/fp16 variant of the 64-row path with page_size 64 or 128 is compiled")
-    got = jobs.run(tmp_path, ("require", "0", None))
-    for i, label in enumerate(jobs.labels):
-        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}")
-        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
-        if i in encodable:
-            _assert_matches(got["require"][i], refs[i], f"MLA_TMA=require, {label}")
-            _assert_bitwise(got["require"][i], got["0"][i], f"MLA_TMA=require vs MLA_TMA=0, {label}")
-        else:
-            err = got["require"][i].get("error")
-            assert err is not None, f"MLA_TMA=require, {label}: launched, but encode_kv_map should refuse this cache"
-            assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
+    _run_require_modes(tmp_path, jobs, refs, set(range(len(jobs.jobs))) - encodable)
 
 
 def test_require_with_overlapping_token_rows(tmp_path):
@@ -464,13 +471,7 @@ def test_require_refuses_an_fp8_cache_tma_cannot_address(tmp_path):
         jobs.add(f"p{page} fp8 heads={heads} page stride 0 (expanded pages)", q, spec, table, lens, scale, 1, FP8_K_SCALE)
         refs.append(mla_decode_reference(q.cuda(), jobs.view(*spec), table.cuda(), lens.cuda(), scale,
                                          k_scale=FP8_K_SCALE))
-    got = jobs.run(tmp_path, ("require", "0", None))
-    for i, label in enumerate(jobs.labels):
-        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}", FP8)
-        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
-        err = got["require"][i].get("error")
-        assert err is not None, f"MLA_TMA=require, {label}: launched, but the fp8 map should be refused"
-        assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
+    _run_require_modes(tmp_path, jobs, refs, set(range(len(jobs.jobs))), FP8)
 
 
 def test_require_shows_which_kernel_a_17_to_32_head_launch_runs(tmp_path):
@@ -504,13 +505,5 @@ def test_require_shows_which_kernel_a_17_to_32_head_launch_runs(tmp_path):
                 refs.append(mla_decode_reference(q.cuda(), jobs.view(*spec), table.cuda(), lens.cuda(), scale))
     if not jobs.jobs:
         pytest.skip("no bf16/fp16 variant of 17..32 heads with page_size 64 or 128 is compiled")
-    got = jobs.run(tmp_path, ("require", "0", None))
-    for i, label in enumerate(jobs.labels):
-        _assert_matches(got[None][i], refs[i], f"MLA_TMA unset, {label}")
-        _assert_bitwise(got[None][i], got["0"][i], f"MLA_TMA unset vs MLA_TMA=0, {label}")
-        err = got["require"][i].get("error")
-        if i in short:  # the 64-row kernel: TMA, refused on this cache
-            assert err is not None, f"MLA_TMA=require, {label}: launched, but the 64-row kernel's map should be refused"
-            assert err.startswith("RuntimeError") and NOT_SUPPORTED in err, f"MLA_TMA=require, {label}: {err}"
-        else:  # the transposed kernel: no map to encode
-            _assert_bitwise(got["require"][i], got["0"][i], f"MLA_TMA=require vs MLA_TMA=0, {label}")
+    # the short tables run the 64-row kernel (TMA: refused on this cache), the long ones the transposed one
+    _run_require_modes(tmp_path, jobs, refs, short)
