@@ -57,7 +57,8 @@ ST32_MIN_KEYS = 1024  # constants.cuh MLA_ST32_MIN_KEYS: shorter splits of 17..3
 
 def _split_keys(max_seq_len: int, num_kv_splits: int) -> int:
     """The most keys one split can get (launch.cuh short_split_keys): whole 64-key tiles per split."""
-    return -(-(-(-max_seq_len // BLOCK_N)) // num_kv_splits) * BLOCK_N
+    tiles = -(-max_seq_len // BLOCK_N)
+    return -(-tiles // num_kv_splits) * BLOCK_N
 
 
 def _launch_rows(num_heads: int, fp8: bool, max_seq_len: int, num_kv_splits: int) -> int:
@@ -139,8 +140,9 @@ def _default_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, nu
     """default_num_kv_splits on arguments already known to be in range (the per-call path). A 17..32-head
     16-bit call whose pieces come out shorter than ST32_MIN_KEYS runs the 64-row kernel (fewer CTAs at
     q_len > 1), so the count is taken again for 64-row CTAs; its pieces are then shorter still."""
-    n = _splits_for_rows(batch, num_heads * q_len, _rows_per_cta(num_heads, fp8), max_seq_len, num_sms)
-    if _launch_rows(num_heads, fp8, max_seq_len, n) == BLOCK_M and _rows_per_cta(num_heads, fp8) != BLOCK_M:
+    rows = _rows_per_cta(num_heads, fp8)
+    n = _splits_for_rows(batch, num_heads * q_len, rows, max_seq_len, num_sms)
+    if _launch_rows(num_heads, fp8, max_seq_len, n) != rows:  # the 64-row kernel runs these pieces
         n = _splits_for_rows(batch, num_heads * q_len, BLOCK_M, max_seq_len, num_sms)
     return n
 

@@ -59,7 +59,7 @@ using namespace cute;
 
 struct DecodeParams {
   MlaDecodeArgs a;
-  int num_m_blocks;     // ceil(NUM_HEADS * q_len / kRowBlock<NUM_HEADS, fp8>)
+  int num_m_blocks;     // ceil(NUM_HEADS * q_len / ROWS) of the launched kernel (launch.cuh)
   float scale_log2;     // softmax_scale * log2(e)
 #if MLA_TMA
   // kTmaPages variants: use_tma = 1 when the host encoded kv_map (launch.cuh), else every tile takes
@@ -864,10 +864,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0,
-            /*kShort=*/SHORT>(p, s, w, piece_row,
-                                                                                        score_scale, v_scale,
-                                                                 /*phases=*/0, /*buf=*/0);
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0, /*kShort=*/SHORT>(
+        p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }

@@ -98,7 +98,7 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
 // Variants with a short-split kernel (constants.cuh MLA_FP8_SHORT_SPLIT_KEYS): fp8 split variants of
 // the 64-row path.
 template <class Cache, int NUM_HEADS, bool SPLIT>
-constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS, true> && SPLIT;
+constexpr bool kHasShortKernel = MLA_FP8_SHORT_SPLIT_KEYS > 0 && CacheTypes<Cache>::kFp8 && !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && SPLIT;
 // Sets up and launches the short-split kernel; defined in short_split.cuh and compiled in the variant's
 // second unit (<variant>_short.cu), so this one never instantiates that kernel.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE>
