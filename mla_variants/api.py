@@ -64,7 +64,7 @@ def _split_keys(max_seq_len: int, num_kv_splits: int) -> int:
 def _launch_rows(num_heads: int, fp8: bool, max_seq_len: int, num_kv_splits: int) -> int:
     """Query rows per CTA of the kernel a launch runs (launch.cuh): _rows_per_cta, except that a
     17..32-head 16-bit launch whose splits are all shorter than ST32_MIN_KEYS runs its 64-row kernel.
-    max_seq_len: the bound the launcher sees (the caller's, else the block table's capacity)."""
+    max_seq_len: the bound the launcher sees (the caller's, at most the block table's capacity)."""
     rows = _rows_per_cta(num_heads, fp8)
     if rows == 32 and _split_keys(max_seq_len, num_kv_splits) < ST32_MIN_KEYS:
         return BLOCK_M
@@ -573,7 +573,8 @@ def _choose(lib, c: _Call, num_kv_splits: int | None, max_seq_len: int | None):
     dtype = c.key_dtype
     if num_kv_splits is not None:
         return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
-    bound = max_seq_len if max_seq_len is not None else c.max_pages * c.page_size
+    capacity = c.max_pages * c.page_size  # launch.cuh short_split_keys bounds max_seq_len by it too
+    bound = capacity if max_seq_len is None else min(max_seq_len, capacity)
     n = _default_splits(c.batch, c.num_heads, c.q_len, bound, _sm_count(c.device_index), dtype == FP8_KEY)
     if n > 1:
         try:
