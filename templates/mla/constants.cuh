@@ -121,12 +121,17 @@
 #endif
 constexpr bool kFp8ProbeNoWiden = MLA_FP8_PROBE_NO_WIDEN != 0;
 
-// MLA_EPI_STAGED (default 1; 0 for an A/B): the 64-row path's non-split kernels store the rows of
-// `out` through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged) instead
-// of straight from the accumulators; split kernels (even run with one split) keep the direct stores.
+// MLA_EPI_STAGED: how the 64-row path's non-split kernels store the rows of `out` (split kernels,
+// even run with one split, always store from the accumulators by pairs, kernel.cuh store_rows).
+// 1 (default): through shared memory with 16-byte row-contiguous stores (kernel.cuh store_rows_staged)
+// in kernels that load pages by TMA (page sizes that are multiples of 64), by pairs from the
+// accumulators on the cp.async pages; 2: staged on every page (v3.12-v3.22); 0: never staged.
+// Measured (docs/perf-notes.md v3.23, never staged against staged, batch 128 unsplit at 64/128 heads):
+// page 1 0.976-1.000 (bf16) and 0.971-0.989 (fp8), page 64 0.980-1.008 (bf16) and 0.996-1.018 (fp8).
 #ifndef MLA_EPI_STAGED
 #define MLA_EPI_STAGED 1
 #endif
+static_assert(MLA_EPI_STAGED >= 0 && MLA_EPI_STAGED <= 2, "MLA_EPI_STAGED is 0, 1 or 2");
 
 // MLA_Q_FIRST (default 1; 0 for an A/B): the uniform 16-bit kernels issue Q's copies at the CTA's
 // start, before the seq_lens load and the barrier set-up (Q's address does not depend on seq_len),

@@ -864,8 +864,11 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   } else {
     const int64_t piece_row =
         SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/MLA_EPI_STAGED != 0 && !SPLIT, /*kTrace=*/MLA_TRACE != 0, /*kShort=*/SHORT>(
-        p, s, w, piece_row, score_scale, v_scale, /*phases=*/0, /*buf=*/0);
+    // MLA_EPI_STAGED (constants.cuh): non-split kernels stage out on the TMA pages (1) or every page (2).
+    constexpr bool kStaged =
+        !SPLIT && (MLA_EPI_STAGED == 2 || (MLA_EPI_STAGED == 1 && kTmaPages<Cache, PAGE_SIZE, ROWS>));
+    rows_64<Cache, NUM_HEADS, kStaged, /*kTrace=*/MLA_TRACE != 0, /*kShort=*/SHORT>(p, s, w, piece_row, score_scale,
+                                                                                  v_scale, /*phases=*/0, /*buf=*/0);
     allow_dependent_launch<SPLIT>();
   }  // !kSt
 }
