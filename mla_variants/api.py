@@ -86,6 +86,15 @@ def _fail(arg: str, expected: str, got) -> None:
     raise MLAInputError(f"{arg}: expected {expected}, got {got}")
 
 
+def _shown(v) -> str:
+    """_shown(v) for an error message; an int too long for repr (Python refuses ints of more than 4300
+    digits as text) is shown by its size, so the caller still gets MLAInputError, not ValueError."""
+    try:
+        return repr(v)
+    except ValueError:
+        return f"an int of {v.bit_length()} bits" if isinstance(v, int) else f"a {type(v).__name__}"
+
+
 def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -> int:
     """Bytes of split-KV workspace one call needs: num_kv_splits * batch * q_len * num_heads * (512 + 1)
     fp32 values, 4 bytes each (per split: the normalised partial output and its lse). 0 when
@@ -93,7 +102,7 @@ def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -
     Raises MLAInputError naming the argument otherwise."""
     for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("num_kv_splits", num_kv_splits)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "batch" else 1):
-            _fail(name, "a non-negative int" if name == "batch" else "a positive int", repr(v))
+            _fail(name, "a non-negative int" if name == "batch" else "a positive int", _shown(v))
     if num_kv_splits == 1:
         return 0
     return num_kv_splits * batch * q_len * num_heads * (KV_LORA_RANK + 1) * 4
@@ -130,9 +139,9 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("max_seq_len", max_seq_len),
                     ("num_sms", num_sms)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("batch", "max_seq_len") else 1):
-            _fail(name, "a non-negative int" if name in ("batch", "max_seq_len") else "a positive int", repr(v))
+            _fail(name, "a non-negative int" if name in ("batch", "max_seq_len") else "a positive int", _shown(v))
     if not isinstance(fp8, bool):
-        _fail("fp8", "a bool", repr(fp8))
+        _fail("fp8", "a bool", _shown(fp8))
     return _default_splits(batch, num_heads, q_len, max_seq_len, num_sms, fp8)
 
 
@@ -246,7 +255,7 @@ def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
     if kv_cache.dtype is not FP8_DTYPE:
         if k_scale is not None:
             _fail("k_scale", f"None for a {kv_cache.dtype} kv_cache (k_scale dequantizes float8_e4m3fn caches only)",
-                  repr(k_scale))
+                  _shown(k_scale))
         return
     if k_scale is None:
         _fail("k_scale", "the dequantization scale of the float8_e4m3fn kv_cache (cache value x k_scale = real value)",
@@ -265,10 +274,10 @@ def _check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
     except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
-        _fail("k_scale", "a positive finite float or a 1-element float32 tensor", repr(k_scale))
+        _fail("k_scale", "a positive finite float or a 1-element float32 tensor", _shown(k_scale))
     if not _FLT_MIN <= float(k_scale) <= _K_SCALE_MAX:
         _fail("k_scale", f"a value in [{_FLT_MIN:.3g}, {_K_SCALE_MAX:.3g}] (fp32's normal range, less the "
-                         "kernel's 2^8 q prescale)", repr(k_scale))
+                         "kernel's 2^8 q prescale)", _shown(k_scale))
     product = float(softmax_scale) * float(k_scale)
     if not product <= _MAX_SCALE:
         _fail("k_scale", f"softmax_scale * k_scale <= {_MAX_SCALE:g} (the kernel's fp32 score scale)",
@@ -417,7 +426,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
         scale_ok = False
     if not scale_ok or not isinstance(softmax_scale, (int, float)):
         _fail("softmax_scale", f"a finite positive float (at most {_MAX_SCALE:g}, so that scale * log2(e) fits fp32)",
-              repr(softmax_scale))
+              _shown(softmax_scale))
     _check_k_scale(k_scale, kv_cache, device, softmax_scale)
 
     # -- outputs -------------------------------------------------------------------------------
@@ -435,7 +444,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, 
             _fail("lse", "non-negative strides", f"strides {tuple(lse.stride())}")
         _check_no_overlap("lse", lse)
     if num_kv_splits_bad:
-        _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
+        _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", _shown(num_kv_splits))
     if device.type != "cuda":
         _fail("q", "a CUDA tensor", f"a tensor on {device}")
     if batch:
@@ -542,7 +551,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     """
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                     or not 1 <= max_seq_len <= 2**31 - 1):
-        _fail("max_seq_len", "None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens)", repr(max_seq_len))
+        _fail("max_seq_len", "None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens)", _shown(max_seq_len))
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
         _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
@@ -615,5 +624,5 @@ def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> 
     LibraryNotBuiltError when nothing was built."""
     key = _KEY_OF.get(dtype, dtype) if isinstance(dtype, (torch.dtype, str)) else None
     if key not in _KEY_OF.values():
-        _fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", repr(dtype))
+        _fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", _shown(dtype))
     return _table_supports(_binding.library().table, num_heads, page_size, key, split)

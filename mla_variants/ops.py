@@ -19,13 +19,13 @@ from typing import Optional
 
 import torch
 
-from .api import FP8_DTYPE, KV_LORA_RANK, _fail, mla_decode as _mla_decode
+from .api import FP8_DTYPE, KV_LORA_RANK, _fail, _shown, mla_decode as _mla_decode
 
 
 def _tensor_scale(k_scale) -> None:
     # the op schema already types k_scale as Tensor?; a 0-d/1-element fp32 tensor is checked by mla_decode
     if k_scale is not None and not isinstance(k_scale, torch.Tensor):
-        _fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", repr(k_scale))
+        _fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", _shown(k_scale))
 
 
 def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:

@@ -15,7 +15,7 @@ from . import _binding
 import struct
 
 from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _uses_st, _Call,
-                  _check_workspace, _choose, _current_stream, _fail, _launch, _pack, _sm_count, _validate,
+                  _check_workspace, _choose, _current_stream, _fail, _launch, _shown, _pack, _sm_count, _validate,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
 
@@ -65,7 +65,7 @@ class MLADecodePlan:
                                 ("page_size", page_size, 1, 2**20), ("q_len", q_len, 1, MAX_Q_LEN),
                                 ("max_seq_len", max_seq_len, 1, 2**31 - 1)):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                _fail(name, f"an int from {lo} to {hi}", repr(v))
+                _fail(name, f"an int from {lo} to {hi}", _shown(v))
         if dtype not in _DTYPES:
             _fail("dtype", "torch.bfloat16 or torch.float16", dtype)
         if kv_dtype is FP8_DTYPE and dtype is not torch.bfloat16:
@@ -81,7 +81,7 @@ class MLADecodePlan:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
                                           or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
-            _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", repr(num_kv_splits))
+            _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", _shown(num_kv_splits))
         self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
         self.max_seq_len, self._forced_splits = max_seq_len, num_kv_splits
         self.kv_dtype = kv_dtype or dtype
@@ -91,7 +91,7 @@ class MLADecodePlan:
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
         if not isinstance(balanced, bool):
-            _fail("balanced", "a bool", repr(balanced))
+            _fail("balanced", "a bool", _shown(balanced))
         if balanced and max_batch > 2**20:
             _fail("max_batch", "at most 2**20 with balanced=True", max_batch)
         self._balanced_asked = balanced
@@ -153,10 +153,10 @@ class MLADecodePlan:
         if not 1 <= batch <= self.max_batch:
             _fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
         if isinstance(overhead_tiles, bool) or not isinstance(overhead_tiles, int) or not 1 <= overhead_tiles <= 1 << 20:
-            _fail("overhead_tiles", "an int from 1 to 2**20", repr(overhead_tiles))
+            _fail("overhead_tiles", "an int from 1 to 2**20", _shown(overhead_tiles))
         if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                         or not 0 <= max_seq_len <= 2**31 - 1):
-            _fail("max_seq_len", "None or an int from 0 to 2**31 - 1", repr(max_seq_len))
+            _fail("max_seq_len", "None or an int from 0 to 2**31 - 1", _shown(max_seq_len))
         if not self._balanced_asked:
             _fail("balanced", "a plan made with MLADecodePlan(..., balanced=True) to call schedule()", "balanced=False")
         if not self.balanced:

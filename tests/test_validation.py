@@ -68,6 +68,9 @@ def test_kv_cache_on_another_device_is_named():
     (dict(num_kv_splits=0), "num_kv_splits: expected an int from 1 to 256, got 0"),
     (dict(num_kv_splits=257), "num_kv_splits: expected an int from 1 to 256, got 257"),
     (dict(num_kv_splits=2.0), "num_kv_splits: expected an int from 1 to 256, got 2.0"),
+    # An int past Python's 4300-digit text limit: still MLAInputError, the value shown by its size.
+    (dict(num_kv_splits=10**5000), "num_kv_splits: expected an int from 1 to 256, got an int of 16610 bits"),
+    (dict(max_seq_len=-10**5000), "max_seq_len: expected None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens), got an int of 16610 bits"),
     (dict(out=torch.empty(2, 1, 1, 512, dtype=torch.bfloat16).expand(2, 1, 16, 512)),
      "out: expected a tensor whose elements do not overlap"),
     (dict(out=torch.empty(2 * 1152, dtype=torch.bfloat16).as_strided((2, 1, 16, 512), (1152, 1152, 4, 1))),
