@@ -128,6 +128,7 @@ constexpr bool kFp8ProbeNoWiden = MLA_FP8_PROBE_NO_WIDEN != 0;
 // accumulators on the cp.async pages; 2: staged on every page (v3.12-v3.22); 0: never staged.
 // Measured (docs/perf-notes.md v3.23, never staged against staged, batch 128 unsplit at 64/128 heads):
 // page 1 0.976-1.000 (bf16) and 0.971-0.989 (fp8), page 64 0.980-1.008 (bf16) and 0.996-1.018 (fp8).
+// v3.24 (1 against 2, batch 128): pages 1 / 16 1.010 / 1.018 (bf16), 1.020 / 1.016 (fp8) faster with 1.
 #ifndef MLA_EPI_STAGED
 #define MLA_EPI_STAGED 1
 #endif
