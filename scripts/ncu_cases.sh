@@ -6,6 +6,7 @@
 #
 #   CASES="128:128:16384:1 128:128:16384:16 128:128:16384:64" scripts/ncu_cases.sh
 #   CASES="16:32:16384:64:fp8" NCU_SECTIONS="SpeedOfLight WarpStateStats" scripts/ncu_cases.sh
+#   CASES="64:128:4096:64" NCU_METRICS="breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed" scripts/ncu_cases.sh
 #
 # A case is HEADS:BATCH:SEQ:PAGE[:SPLITS][:fp8] (profile_case.py's arguments). Output: $OUT/ncu.csv
 # (every metric of every case, with a `case` column) and $OUT/ncu_table.txt (the table printed here).
@@ -14,6 +15,10 @@ source "$(dirname "$0")/device_env.sh"
 CASES=${CASES:-128:128:16384:1 128:128:16384:16 128:128:16384:64}
 NCU_SECTIONS=${NCU_SECTIONS:-SpeedOfLight WarpStateStats SchedulerStats MemoryWorkloadAnalysis ComputeWorkloadAnalysis LaunchStats}
 sections=(); for s in $NCU_SECTIONS; do sections+=(--section "$s"); done
+# NCU_METRICS (optional): raw metrics beside the sections, comma-separated, as ncu's --metrics takes them
+# (e.g. "breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum": which L2
+# sub-unit is the busy one, and the DRAM bytes to set the L2 sectors against).
+[ -n "${NCU_METRICS:-}" ] && sections+=(--metrics "$NCU_METRICS")
 rm -f "$OUT/ncu.csv"
 for c in $CASES; do
   IFS=: read -r -a f <<< "$c"
