@@ -87,7 +87,7 @@ def _fail(arg: str, expected: str, got) -> None:
 
 
 def _shown(v) -> str:
-    """_shown(v) for an error message; an int too long for repr (Python refuses ints of more than 4300
+    """repr(v) for an error message; an int too long for repr (Python refuses ints of more than 4300
     digits as text) is shown by its size, so the caller still gets MLAInputError, not ValueError."""
     try:
         return repr(v)
