@@ -61,7 +61,7 @@ ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENT
 
 def rows_per_cta(num_heads: int, dtype: str = "bf16", max_seq_len: int | None = None, num_kv_splits: int = 1) -> int:
     """Query rows per CTA of the default build (MLA_ST, MLA_ST32): 8 up to 8 heads, 16 up to 16, 32 up
-    to 32 (16-bit caches), else 64 (mla_variants.api._rows_per_cta); given the launcher's bound
+    to 32, else 64 (mla_variants.api._rows_per_cta); given the launcher's bound
     (max_seq_len) and the split count, 64 for a 17..32-head launch whose splits run the 64-row kernel
     (api._launch_rows)."""
     fp8 = dtype == "fp8_e4m3"

@@ -33,7 +33,7 @@ BLOCK_M = 64  # query rows per CTA of the 64-row kernel path
 # Variants with at most this many heads run the transposed kernel path (MLA_ST, MLA_ST32), which
 # gathers with cp.async only (no TMA) and runs no balanced schedule: 16-bit caches, fp8 caches.
 ST_MAX_HEADS = 32
-ST_MAX_HEADS_FP8 = 16
+ST_MAX_HEADS_FP8 = 32  # fp8 at 17..32 heads: the register path with 32 rows, two math warpgroups
 
 
 def _uses_st(num_heads: int, fp8: bool = False) -> bool:
@@ -44,7 +44,7 @@ def _uses_st(num_heads: int, fp8: bool = False) -> bool:
 
 def _rows_per_cta(num_heads: int, fp8: bool = False) -> int:
     """Query rows (q_len x heads) one CTA covers (constants.cuh kRowBlock): the transposed path takes
-    blocks of 8 rows for up to 8 heads, 16 for 9..16 and 32 for 17..32 (16-bit caches); the 64-row
+    blocks of 8 rows for up to 8 heads, 16 for 9..16 and 32 for 17..32; the 64-row
     path BLOCK_M. Estimated from the call's head count; a build with -DMLA_ST=0 (or -DMLA_ST32=0)
     launches 64-row blocks."""
     if not _uses_st(num_heads, fp8):
@@ -66,7 +66,7 @@ def _launch_rows(num_heads: int, fp8: bool, max_seq_len: int, num_kv_splits: int
     17..32-head 16-bit launch whose splits are all shorter than ST32_MIN_KEYS runs its 64-row kernel.
     max_seq_len: the bound the launcher sees (the caller's, at most the block table's capacity)."""
     rows = _rows_per_cta(num_heads, fp8)
-    if rows == 32 and _split_keys(max_seq_len, num_kv_splits) < ST32_MIN_KEYS:
+    if rows == 32 and not fp8 and _split_keys(max_seq_len, num_kv_splits) < ST32_MIN_KEYS:
         return BLOCK_M
     return rows
 

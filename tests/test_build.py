@@ -43,8 +43,9 @@ def test_build_links_loads_and_matches_manifest(ci_build):
     gen, bld, p, _ = ci_build
     assert "compiling mla_decode_h16_p64_bf16_split" in p.stdout          # per-variant progress
     assert "compiling mla_decode_h16_p64_fp8_e4m3_split" in p.stdout
-    # summary: 8 variants, + the fp8 short-split units (16 heads: a stub) + the 32-head 16-bit 64-row units
-    assert "built 8 variants (12 translation units compiled)" in p.stdout
+    # summary: 12 variants, + the fp8 short-split units (16 and 32 heads: stubs; 64 heads: the 64-row
+    # fp8 path's) + the 32-head 16-bit 64-row units
+    assert "built 12 variants (17 translation units compiled)" in p.stdout
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
@@ -82,7 +83,7 @@ def test_a_narrower_build_keeps_the_others_resource_records(ci_build):
     assert "built 2 variants (0 translation units compiled)" in p.stdout
     p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built 8 variants (0 translation units compiled)" in p.stdout
+    assert "built 12 variants (0 translation units compiled)" in p.stdout
     assert json.loads((bld / "resource_usage.json").read_text()) == before
     regs = sorted(r["registers"] for r in before.values())
     assert f"registers {regs[0]}-{regs[-1]}, no spills" in p.stdout
@@ -94,7 +95,7 @@ def test_list_prints_the_dispatch_table(ci_build):
     p = _cli("list", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stderr
     assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h16_p64_fp8_e4m3_nosplit" in p.stdout
-    assert "8 variants" in p.stdout
+    assert "12 variants" in p.stdout
 
 
 def test_cli_reports_config_errors(tmp_path):

@@ -108,7 +108,8 @@ def test_split_heuristic_and_workspace_size():
     #   would run the 64-row kernel on 64 CTAs: counted again for 64-row CTAs, 32 pieces (128 CTAs)
     assert default_num_kv_splits(4, 32, 1, 4096, 132) == 32              # q_len 1: 32 or 64 rows, one CTA per request
     assert default_num_kv_splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
-    assert default_num_kv_splits(66, 32, 2, 16384, 132, fp8=True) == 2   # fp8: one 64-row CTA per request
+    assert default_num_kv_splits(66, 32, 2, 16384, 132, fp8=True) == 1   # fp8: 32-row CTAs too
+    assert default_num_kv_splits(4, 32, 2, 4096, 132, fp8=True) == 16    # fp8 keeps 32-row CTAs on short pieces
     assert workspace_size(4, 16, 2, 1) == 0
     assert workspace_size(4, 16, 2, 3) == 3 * 4 * 2 * 16 * 513 * 4
     with pytest.raises(ValueError, match="num_kv_splits: expected a positive int"):

@@ -102,7 +102,7 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
     from codegen.config import parse_config
     narrowed = parse_config(cfg.text.replace("num_heads: [8, 16, 32, 64, 128]", "num_heads: [8, 32, 64, 128]")
                             .replace("    num_heads: [16]\n", "    num_heads: [32]\n")
-                            .replace("    num_heads: [16, 32]\n", "    num_heads: [32]\n"), "v.yaml")
+                            .replace("    num_heads: [16, 32, 64]\n", "    num_heads: [32, 64]\n"), "v.yaml")
     res = render(narrowed, [v2], g, tmp_path / "lib.so")
     assert res.removed == [g / "variants" / f"{gone.name}.cu"]
 

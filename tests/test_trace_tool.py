@@ -54,10 +54,10 @@ def test_records_decode_the_grid(trace):
 
 def test_rows_per_cta_follow_the_kernel_paths(trace):
     assert [trace.rows_per_cta(h) for h in (1, 8, 9, 16, 17, 32, 33, 64, 128)] == [8, 8, 16, 16, 32, 32, 64, 64, 64]
-    assert [trace.rows_per_cta(h, "fp8_e4m3") for h in (8, 16, 17, 32, 64)] == [8, 16, 64, 64, 64]
+    assert [trace.rows_per_cta(h, "fp8_e4m3") for h in (8, 16, 17, 32, 33, 64)] == [8, 16, 32, 32, 64, 64]
     # 17..32 heads, 16-bit: splits under 1024 keys run the 64-row kernel (launch.cuh MLA_ST32_MIN_KEYS)
     assert [trace.rows_per_cta(32, "bf16", 4096, n) for n in (1, 4, 5, 64)] == [32, 32, 64, 64]
-    assert trace.rows_per_cta(16, "bf16", 64, 1) == 16 and trace.rows_per_cta(32, "fp8_e4m3", 8192, 1) == 64
+    assert trace.rows_per_cta(16, "bf16", 64, 1) == 16 and trace.rows_per_cta(32, "fp8_e4m3", 8192, 64) == 32
 
 
 def test_phases_and_waves(trace):

@@ -64,7 +64,8 @@
 // stalled on their own load -> convert -> wgmma chains with the SM issuing on half its cycles; a third
 // warpgroup owning whole tiles gives each scheduler three such warps (512 threads: 128 registers each
 // at launch, setmaxnreg 56 for the producer and 152 for the math warpgroups). Measured (perf-notes,
-// eighth session): 14 fp8 16-head anchors 5% faster (batch >= 32 4-10%), batch 1 unchanged.
+// eighth session): 14 fp8 16-head anchors 5% faster (batch >= 32 4-10%), batch 1 unchanged. 32-row CTAs
+// (17..32 heads) always run two (SharedStorageStFp8).
 #ifndef MLA_FP8_ST_WGS
 #define MLA_FP8_ST_WGS 3
 #endif
@@ -179,6 +180,7 @@ constexpr int kBlockM = 64;           // query rows (q_len x num_heads, padded) 
 constexpr int kBlockN = 64;           // KV tokens per tile
 constexpr int kStages = 2;            // tiles resident in the shared-memory ring
 constexpr int kStagesStFp8 = 4;       // raw e4m3 stages of the transposed fp8 ring (tile t in stage t % 4)
+constexpr int kStagesStFp8Rows32 = 3; // ... at 32 rows per CTA, where the 66 KiB merge buffer must fit beside it
 // Short splits of fp8 caches (MLA_FP8_SHORT_SPLIT_KEYS): a split variant of the 64-row path whose
 // launch gives each split at most this many keys (bounded by the caller's max_seq_len, else the block
 // table's capacity; launch.cuh) runs a second kernel, with 32-token tiles in four fp16 stages (the same
@@ -208,6 +210,10 @@ constexpr int kMathRegs = 232;
 // thread), and the 40-register producer spilled 4 bytes in the 8-row variants; same total as above.
 constexpr int kProducerRegsSt = 56;
 constexpr int kMathRegsSt = 224;
+// The fp8 register path at 32 rows (two math warpgroups): O^T of 32 rows is 128 registers, and at 224
+// the math warpgroups spilled 16 bytes; the producer (copies only) runs at the 64-row path's 40.
+constexpr int kProducerRegsSt32Fp8 = 40;
+constexpr int kMathRegsSt32Fp8 = 232;
 constexpr int kStMathWgsFp8 = MLA_FP8_ST_WGS;  // math warpgroups of the transposed fp8 path (2 or 3)
 static_assert(kStMathWgsFp8 == 2 || kStMathWgsFp8 == 3, "MLA_FP8_ST_WGS: 2 or 3");
 // Three math warpgroups (512 threads, 128 registers each at launch): the producer keeps 56 and the math
@@ -223,11 +229,11 @@ constexpr int kThreadsPerRow = 8;     // producer threads that copy one 1152-byt
 
 // The transposed path and its row block per CTA: 16 rows (wgmma n16) for 9..16 heads, 8 (n8) for up
 // to 8. Rows are still (qi, h) pairs, row = qi * NUM_HEADS + h, so q_len > 1 fills the block.
-// 16-bit caches also take it for 17..32 heads (MLA_ST32): 32 rows (wgmma n32). fp8 caches keep the
-// 64-row path there, since the transposed fp8 register path's three warpgroups have 152 registers
-// each and O^T of 32 rows would take 128 of them.
+// 17..32 heads take it too (MLA_ST32): 32 rows (wgmma n32). fp8 caches there run the register path
+// with two math warpgroups (O^T of 32 rows is 128 of a thread's registers, more than the three
+// warpgroups' 152 leave room for) and three raw stages (SharedStorageStFp8).
 template <int NUM_HEADS, bool kFp8>
-constexpr bool kUseSt = MLA_ST != 0 && (NUM_HEADS <= 16 || (MLA_ST32 != 0 && !kFp8 && NUM_HEADS <= 32));
+constexpr bool kUseSt = MLA_ST != 0 && (NUM_HEADS <= 16 || (MLA_ST32 != 0 && NUM_HEADS <= 32));
 template <int NUM_HEADS, bool kFp8>
 constexpr int kRowBlock = kUseSt<NUM_HEADS, kFp8> ? (NUM_HEADS <= 8 ? 8 : NUM_HEADS <= 16 ? 16 : 32) : kBlockM;
 

@@ -71,8 +71,8 @@ struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
   int kv_begin;
   int num_tiles;           // kBlockN-token tiles in the split (> 0)
-  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); with three
-                           // math warpgroups unused: Storage::key_limit holds them, to spare registers
+  int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); unused
+                           // where Storage::key_limit holds them (kKeyLimitShared), to spare registers
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, warp, lane;
 };
@@ -82,6 +82,12 @@ struct StContext {
 // the warpgroup, the running max / sum update, O^T rescaled when a max moved, and P = exp2(s - max)
 // as 16-bit into P^T (element (n, token); kPermuteTokens stores token tok at k index st_token(tok),
 // the order consume_st_regs reads V^T in). The caller fences and synchronizes before P^T is read.
+// Whether each column's mask limit lives in shared memory (Storage::key_limit, written by the kernel)
+// instead of StContext's registers: the fp8 register path with three warpgroups (152 registers) or
+// with 32 rows (O^T takes 128).
+template <class Storage>
+constexpr bool kKeyLimitShared = Storage::kRegWiden && (Storage::kMathWgs == 3 || Storage::kRowsPerCta > 16);
+
 template <bool kPermuteTokens, class Storage, class FragS, class FragO, int kRows>
 __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRows>& c, int t, int tok0, FragS& tSrS,
                                                  FragO& tOrO, float (&m_run)[kRows / 4], float (&l_run)[kRows / 4],
@@ -100,7 +106,7 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
     const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
     const int j = st_col_index(e);
     int limit;
-    if constexpr (Storage::kMathWgs == 3) {
+    if constexpr (kKeyLimitShared<Storage>) {
       limit = s.key_limit[4 * wg + c.warp][st_col(e, c.lane)];  // this warp's row, written by the kernel
     } else {
       limit = c.key_limit[j];

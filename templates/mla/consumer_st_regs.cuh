@@ -38,7 +38,11 @@ using namespace cute;
 template <int kRows, class Acc>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b, Acc&& d, GMMA::ScaleOut scale) {
   using namespace cute::SM90::GMMA;
-  if constexpr (kRows == 16) {
+  if constexpr (kRows == 32) {
+    MMA_64x32x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>::fma(a[0], a[1], a[2], a[3], desc_b, d(0), d(1), d(2),
+                                                                   d(3), d(4), d(5), d(6), d(7), d(8), d(9), d(10),
+                                                                   d(11), d(12), d(13), d(14), d(15), scale);
+  } else if constexpr (kRows == 16) {
     MMA_64x16x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>::fma(a[0], a[1], a[2], a[3], desc_b, d(0), d(1), d(2),
                                                                    d(3), d(4), d(5), d(6), d(7), scale);
   } else {
@@ -59,15 +63,15 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
   }
 }
 
-// The warpgroup's loop over its tiles t = wg, wg + kMathWgs, ...: tile t in stage t % 4. Same contract
+// The warpgroup's loop over its tiles t = wg, wg + kMathWgs, ...: tile t in stage t % kRing. Same contract
 // as consume_st, with O^T's rows in st_regs_dim order. With three math warpgroups (152 registers per
-// thread) the K and V^T fragments are converted and issued in smaller wgmma batches (kKBatches,
-// kVBatches); with two the batches are main's (a slot's 4 k-steps; a k-step's 8 atoms).
+// thread) or 32 rows (O^T 128 registers) the K and V^T fragments are converted and issued in smaller
+// wgmma batches (kKBatches, kVBatches); otherwise a slot's 4 k-steps and a k-step's 8 atoms at once.
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
 __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRows>& c, FragO& tOrO,
                                                 float (&m_run)[kRows / 4], float (&l_run)[kRows / 4]) {
   constexpr int kCols = kRows / 4;
-  static_assert(kRows == 8 || kRows == 16, "wgmma_rs picks n8 or n16");
+  static_assert(kRows == 8 || kRows == 16 || kRows == 32, "wgmma_rs picks n8, n16 or n32");
   static_assert(decltype(size<1>(tOrO))::value == 8, "O^T: 8 atoms of 64 latent rows");
   using Element = cutlass::half_t;
   using LS = StLayouts<Element, kRows>;
@@ -77,9 +81,11 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   auto thr_o = mma_o.get_thread_slice(c.tid_wg);
   const int wg = c.wg;
   if (wg >= c.num_tiles) return;  // fewer tiles than warpgroups: this one has nothing (warp-uniform)
-  constexpr int kKBatches = Storage::kMathWgs == 3 ? 2 : 1;  // S^T batches per 64-value slot
-  constexpr int kKSteps = 4 / kKBatches;                      // k-steps (wgmma) per batch
-  constexpr int kVBatches = Storage::kMathWgs == 3 ? 4 : 1;  // O^T batches per 16-token k-step
+  // Small batches where registers are short: three warpgroups (152 each), or 32 rows (O^T alone is 128).
+  constexpr bool kTight = Storage::kMathWgs == 3 || kRows > 16;
+  constexpr int kKBatches = kTight ? 2 : 1;  // S^T batches per 64-value slot
+  constexpr int kKSteps = 4 / kKBatches;     // k-steps (wgmma) per batch
+  constexpr int kVBatches = kTight ? 4 : 1;  // O^T batches per 16-token k-step
   constexpr int kWords = 4 / kVBatches;                       // words x (2 atoms each) per batch
 
   Element* pt = s.pt[wg];

@@ -833,7 +833,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     for (int j = 0; j < kRows / 4; ++j) {
       const int qi = (m_block * kRows + st_col_of_index(j, lane)) / NUM_HEADS;
       const int limit = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
-      if constexpr (Storage::kMathWgs == 3) {
+      if constexpr (kKeyLimitShared<Storage>) {
         // This warp's row of s.key_limit (st_softmax_to_pt): lanes 0-3 write all kRows columns.
         if (lane < 4) s.key_limit[tid / 32][st_col_of_index(j, lane)] = limit;
       } else {

@@ -185,7 +185,8 @@ struct SharedStorageSt : StOperands<typename CacheTypes<Cache>::Mma, kRows> {
 // Shared memory of the transposed path for fp8 caches: the ring holds raw e4m3
 // bytes only (slot c of a stage: 64 tokens x 64 values, token m at byte 64 m, 4 KiB; a stage 36 KiB),
 // four stages, stage t % 4 for tile t (with two math warpgroups each alternates between two of them;
-// with three, Storage::kMathWgs, the stages rotate among them). Q is
+// with three, Storage::kMathWgs, the stages rotate among them); at 32 rows three stages and two math
+// warpgroups (the stages rotate). Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
 // (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
@@ -205,12 +206,14 @@ struct SharedStorageStFp8 {
   using Element = cutlass::half_t;
   static constexpr int kRowsPerCta = kRows;
   static constexpr int kTileN = kBlockN;
-  static constexpr int kRing = kStagesStFp8;
+  // 32 rows: three stages and two math warpgroups (Q 36 KiB + ring 108 KiB + P^T 8 KiB + o_x 66 KiB).
+  static constexpr int kRing = kRows > 16 ? kStagesStFp8Rows32 : kStagesStFp8;
   static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
-  static constexpr int kMathWgs = kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
+  static constexpr int kMathWgs = kRows > 16 ? 2 : kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
   static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
-  static constexpr uint32_t kProducerRegsUsed = kMathWgs == 3 ? kProducerRegsSt3 : kProducerRegsSt;
-  static constexpr uint32_t kMathRegsUsed = kMathWgs == 3 ? kMathRegsSt3 : kMathRegsSt;
+  static constexpr uint32_t kProducerRegsUsed =
+      kMathWgs == 3 ? kProducerRegsSt3 : kRows > 16 ? kProducerRegsSt32Fp8 : kProducerRegsSt;
+  static constexpr uint32_t kMathRegsUsed = kMathWgs == 3 ? kMathRegsSt3 : kRows > 16 ? kMathRegsSt32Fp8 : kMathRegsSt;
   static_assert(regs_fit(kProducerRegsUsed, kMathRegsUsed, kMathWgs), "register file");
   alignas(1024) Element q[kRows * kHeadDimK];
   alignas(1024) uint8_t kv[kRing][kSubTiles][kBlockN * kSubTileCols];
@@ -218,7 +221,7 @@ struct SharedStorageStFp8 {
   alignas(16) float o_x[kRows * kOxStride];
   float col_stat[kMathWgs][4][kRows];
   float wg_max[kMathWgs][kRows];
-  int key_limit[kMathWgs * 4][kRows];  // three warpgroups: per math warp, each column's mask limit
+  int key_limit[kMathWgs * 4][kRows];  // three warpgroups or 32 rows: per math warp, each column's mask limit
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
