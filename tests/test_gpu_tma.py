@@ -1,4 +1,4 @@
-"""The TMA path of 64-row kernels with pages of 64 or 128 tokens (more than 32 heads, 16 for fp8; skipped without an
+"""The TMA path of 64-row kernels with pages of 64 or 128 tokens (more than 32 heads; skipped without an
 sm_90 GPU, or when the build has no such variant): bf16/fp16, and fp8_e4m3 (MLA_FP8_TMA).
 
 Full 64-token tiles of these variants are loaded with TMA (producer.cuh kTmaPages,
@@ -66,7 +66,7 @@ def _tma_keys():
     keys = sorted((k for k in table if k[1] in TMA_PAGES and k[2] in DT and not _uses_st(k[0], k[2] == FP8)),
                   key=lambda k: (k[1], k[2], k[0], k[3]))
     if not keys:
-        pytest.skip("no variant of the 64-row path (more than 32 heads, fp8: 16) with page_size 64 or 128 "
+        pytest.skip("no variant of the 64-row path (more than 32 heads) with page_size 64 or 128 "
                     "is compiled (only those take the TMA path)", allow_module_level=True)
     return keys
 
