@@ -122,8 +122,8 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     the call may see; block_table's width times page_size when the caller gives nothing better),
     num_sms the GPU's multiprocessor count. The unsplit grid is estimated as
     batch * ceil(num_heads * q_len / rows) CTAs with rows = 64 query rows per CTA, or 32 for 17..32
-    heads (16-bit caches; fp8=True: an fp8_e4m3 cache, which takes 64 there; and 64 again when the
-    pieces this gives are shorter than 1024 keys, since such launches run the 64-row kernel), 16 for
+    heads (with a 16-bit cache 64 again when the pieces this gives are shorter than 1024 keys, since
+    such launches run the 64-row kernel; fp8=True, an fp8_e4m3 cache, keeps 32), 16 for
     9..16 heads and 8 for up to 8 (the kernel's transposed path), one CTA per SM at a time (a call served by
     a larger compiled head count launches the CTAs of that count). If that fills the SMs, return 1. Otherwise return as
     many pieces as fill the SMs once, at most ceil(max_seq_len / 64) // 2 (128 keys per piece for a

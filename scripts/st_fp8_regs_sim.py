@@ -47,8 +47,8 @@ for swz in (False, True):
                 worstV = max(worstV, wavefronts(addrs))
     print(f"swizzle={swz}: worst wavefronts per 512-byte warp load: K {worstK}, V {worstV} (4 = conflict-free)")
 
-# ---- (b) merge_v4 + store_rows_st swap, kRows = 16 and 8
-for kRows in (16, 8):
+# ---- (b) merge_v4 + store_rows_st swap, kRows = 32, 16 and 8 (two warpgroups: 256 threads)
+for kRows in (32, 16, 8):
     kCols = kRows // 4; stride = 516
     O = np.random.rand(kRows, 512).astype(np.float32)
     ox = np.full(kRows*stride, np.nan, np.float32)

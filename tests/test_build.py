@@ -159,11 +159,12 @@ _SWITCH_BUILDS = {
     # Every kernel path with the phase trace: the 64-row path with TMA pages and with page-1 gathers
     # (whose 40-register producer and the 208-register fp8 math warpgroups spilled in a first trace
     # build), the 64-row fp8 path, and the transposed path for 16-bit and fp8 caches (the fp8 one's three
-    # warpgroups spilled 4 bytes when merge_st also computed the row statistics there).
+    # warpgroups spilled 4 bytes when merge_st also computed the row statistics there; its 32-row form
+    # runs two warpgroups at 232 registers).
     "all-paths": ("-DMLA_Q_FIRST=1 -DMLA_TRACE=1",
                   ["mla_decode_h64_p64_bf16_nosplit", "mla_decode_h128_p1_bf16_split",
                    "mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h16_p1_bf16_split",
-                   "mla_decode_h16_p64_fp8_e4m3_split"]),
+                   "mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p64_fp8_e4m3_split"]),
     # fp32 partial outputs at 64+ heads too (MLA_PARTIAL_16=0): the 64-row pieces stored from the
     # accumulators, the combines reading fp32 (the default build has them below 64 heads).
     "fp32-partials": ("-DMLA_PARTIAL_16=0",
@@ -171,7 +172,8 @@ _SWITCH_BUILDS = {
     # 16-bit partial outputs below 64 heads too (MLA_PARTIAL_16=2): the 64-row path's paired stores
     # straight from the accumulators (store_16_pairs), the transposed path's 16-byte stores (fp8: bf16 pieces).
     "partial-16-all": ("-DMLA_PARTIAL_16=2",
-                       ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split"]),
+                       ["mla_decode_h32_p64_bf16_split", "mla_decode_h16_p64_fp8_e4m3_split",
+                        "mla_decode_h32_p64_fp8_e4m3_split"]),
     # The fp8 split variants' short-split kernel (32-token tiles in four stages, S first; built by
     # default) under the trace, and a build without it (MLA_FP8_SHORT_SPLIT_KEYS=0, an A/B's control).
     "fp8-short-trace": ("-DMLA_TRACE=1", ["mla_decode_h64_p64_fp8_e4m3_split", "mla_decode_h128_p1_fp8_e4m3_split"]),

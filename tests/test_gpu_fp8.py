@@ -50,6 +50,30 @@ def test_fp8_variant_against_reference(key):
                 assert not problems, f"{key} q_len={q_len} k_scale={k_scale} splits={n} {type(scale_arg).__name__}: {problems}"
 
 
+def _st_fp8_keys():
+    """fp8 variants on the transposed register path (at most 32 heads): raw rings of 4 stages (8-16
+    rows, three math warpgroups) or 3 (32 rows, two)."""
+    return [k for k in _fp8_keys() if _uses_st(k[0], True)]
+
+
+@pytest.mark.parametrize("key", _st_fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
+def test_fp8_transposed_ring_wraps_at_every_tile_count(key):
+    """Requests of exactly 1..8 tiles of 64 keys and in between, so that each warpgroup's tiles land in
+    every stage of the raw ring and the ring wraps at each position (tile t in stage t % kRing, owned by
+    warpgroup t % kMathWgs; layouts.cuh SharedStorageStFp8), with splits that leave 0..4 tiles per CTA."""
+    num_heads, page, _, split = key
+    g = torch.Generator().manual_seed(4242 + num_heads + page)
+    lens = [64, 128, 192, 256, 320, 384, 448, 512, 65, 191, 449, 1000]
+    for q_len in (1, 4):
+        case = make_paged_case(lens, num_heads, page, q_len, FP8, generator=g, k_scale=0.5)
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                case.softmax_scale, k_scale=0.5)
+        for n in ([1, 2, 3, 5] if split else [1]):
+            out, lse = _run(case, n, 0.5)
+            problems = compare(out, lse, ref_out, ref_lse, **FP8_TOLERANCE)
+            assert not problems, f"{key} q_len={q_len} splits={n}: {problems}"
+
+
 def _any_fp8_key(split=None):
     keys = [k for k in _fp8_keys() if split is None or k[3] == split]
     if not keys:

@@ -76,6 +76,15 @@ def test_ring_protocol_simulations_pass(sim, capsys):
     assert "no hang" in capsys.readouterr().out
 
 
+def test_ring_protocol_simulation_catches_a_ring_shallower_than_the_warpgroups():
+    """The model is not vacuous: a 2-stage ring with 3 math warpgroups (which layouts.cuh refuses)
+    lets a consumer pass on another tile's data in some interleaving."""
+    simulate = runpy.run_path(str(ROOT / "scripts" / "st_ring_protocol_sim.py"))["simulate"]
+    with pytest.raises(AssertionError, match="another tile's data"):
+        for seed in range(300):
+            simulate(12, 3, ring=2, seed=seed)
+
+
 def test_ncu_stall_ledger_reads_a_source_page():
     """scripts/ncu_stalls.py on a source page in ncu's shape (a title line, then the header): the
     instruction with most samples comes first with its main reason, and a file without the columns

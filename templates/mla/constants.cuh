@@ -8,8 +8,8 @@
 #define MLA_TMA 1
 #endif
 
-// MLA_ST (default 1): variants with at most 16 heads (and, with MLA_ST32 below, bf16/fp16 variants of
-// 17..32) run the transposed consumer (consumer_st.cuh):
+// MLA_ST (default 1): variants with at most 16 heads (and, with MLA_ST32 below, those of 17..32) run
+// the transposed consumer (consumer_st.cuh; fp8 caches consumer_st_regs.cuh):
 // S^T = K Q^T with the KV tile's 64 tokens on wgmma M and a CTA's 8, 16 or 32 query rows on N, so a
 // 16-head, q_len-1 CTA no longer pays for a 64-row block of which 48 rows are padding.
 // -DMLA_ST=0 compiles the 64-row "seesaw" path (consumer.cuh) back in for every variant (A/B).
@@ -17,8 +17,10 @@
 #define MLA_ST 1
 #endif
 
-// MLA_ST32 (default 1; 0 for an A/B): bf16/fp16 variants of 17..32 heads run the transposed consumer
-// too, with 32 query rows per CTA (wgmma n32), instead of the 64-row path with 32 rows of padding.
+// MLA_ST32 (default 1; 0 for an A/B): variants of 17..32 heads run the transposed consumer too, with
+// 32 query rows per CTA (wgmma n32), instead of the 64-row path with 32 rows of padding (fp8 caches:
+// the register path with two math warpgroups and three raw stages, SharedStorageStFp8; with 0 their
+// launches take the 64-row kernel again, which the Python split heuristic does not follow).
 // At 32 heads the 64-row kernel streamed the cache at 3.0-4.2 TB/s where the 16-head transposed one
 // reached 3.3-4.55 (docs/bench/v3.22.json); the transposed S^T and O^T wgmmas of 32 rows read the same
 // A operand (the KV tile) as those of 16 and half the tensor work of the padded 64-row ones.

@@ -1,5 +1,5 @@
-// The transposed ("S^T") math warpgroups for variants with at most 16 heads, and bf16/fp16 variants of
-// 17..32 heads (MLA_ST, MLA_ST32, constants.cuh).
+// The transposed ("S^T") math warpgroups for variants with at most 16 heads, and those of 17..32 heads
+// (MLA_ST, MLA_ST32, constants.cuh).
 //
 // Why: the 64-row consumer (consumer.cuh) puts a CTA's query rows (qi, h) on wgmma M = 64. With 16
 // heads and q_len 1 only 16 of those rows are real, so three quarters of every S and P V wgmma is

@@ -20,7 +20,7 @@
 //     (two producer warps widen in place);
 //   - the epilogue below adds the two warpgroups' row sums and writes out and lse (or the split
 //     workspace).
-// With MLA_ST (default) variants of at most 16 heads, and bf16/fp16 ones of 17..32 (MLA_ST32), take the
+// With MLA_ST (default) variants of at most 16 heads, and those of 17..32 (MLA_ST32), take the
 // transposed path instead (consumer_st.cuh): blocks of 8, 16 or 32 query rows, S^T = K Q^T with tokens on wgmma M, each math
 // warpgroup owning whole tiles, the two partial softmaxes merged through shared memory at the end
 // (store_rows_st). For bf16 / fp16 the producer and the KV ring are the same (cp.async only, no TMA);
@@ -28,7 +28,7 @@
 // warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
 // budgets on this path: 56 (producer) / 224 (math); the fp8 variants there run three math warpgroups
 // (MLA_FP8_ST_WGS, 512 threads, 56 / 152), tile t owned by warpgroup t % 3, their three partial
-// softmaxes merged the same way. The 17..32-head bf16/fp16 variants also instantiate the 64-row kernel
+// softmaxes merged the same way; with 32 rows (17..32 heads) two (40 / 232) and a 3-stage ring. The 17..32-head bf16/fp16 variants also instantiate the 64-row kernel
 // (ROWS = kBlockM, rows64.cuh) for launches whose splits are short (MLA_ST32_MIN_KEYS).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).

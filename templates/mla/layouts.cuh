@@ -210,6 +210,10 @@ struct SharedStorageStFp8 {
   static constexpr int kRing = kRows > 16 ? kStagesStFp8Rows32 : kStagesStFp8;
   static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
   static constexpr int kMathWgs = kRows > 16 ? 2 : kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
+  // consume_st_regs waits on a stage's full barrier by parity: sound only if the fill of tile t - kRing
+  // completed before the warpgroup's previous tile t - kMathWgs, or is the warpgroup's own previous
+  // tile (kRing == kMathWgs) (scripts/st_ring_protocol_sim.py).
+  static_assert(kRing >= kMathWgs, "at least as many stages as math warpgroups");
   static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   static constexpr uint32_t kProducerRegsUsed =
       kMathWgs == 3 ? kProducerRegsSt3 : kRows > 16 ? kProducerRegsSt32Fp8 : kProducerRegsSt;

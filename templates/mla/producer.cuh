@@ -3,7 +3,7 @@
 // slot's "full" mbarrier; bf16/fp16 caches with 16-byte cp.async straight into the ring (or, for a
 // page size that is a multiple of 64 on the 64-row path, full tiles with TMA); fp8 caches on the
 // 64-row path with cp.async into the slot's upper half, widened to fp16 in place by two of its warps;
-// fp8 caches on the transposed path (at most 16 heads) raw into a 4-stage e4m3 ring that the math
+// fp8 caches on the transposed path (at most 32 heads) raw into a 4-stage (32 rows: 3) e4m3 ring that the math
 // warpgroups convert in registers (produce_fp8_ring at the end of this file).
 #pragma once
 #include "abi.h"
@@ -76,7 +76,7 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // kv_begin + 64 t, a multiple of 64: with PAGE_SIZE % 64 == 0 a tile is exactly the 64 tokens at
 // offset (kv_begin + 64 t) % PAGE_SIZE of one page, which one box {64 columns, 64 tokens, 1 page}
 // per sub-tile addresses. Only the 64-row path takes it (ROWS == kBlockM): the transposed path (kUseSt,
-// at most 16 heads, or 32 with 16-bit caches) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
+// at most 32 heads) measured 3.6% faster over the 26 16-head page-64/128 anchors with cp.async
 // (MLA_TMA=0: 4.28 vs 4.07 TB/s at 16 x 128 x 16384; docs/perf-notes.md, v3.5).
 // fp8 caches (MLA_FP8_TMA, constants.cuh) take the same tiling for their raw bytes (copy_fp8_tiles), in
 // the 64-token kernel only (not the short-split one).
