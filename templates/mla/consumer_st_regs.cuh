@@ -63,6 +63,30 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
   }
 }
 
+// MLA_FP8_Q_BY_MATH: the math warpgroups round Q into the fp16 tile once its bf16 rows have landed in
+// o_x (q_full: every producer thread's Q copies), each thread ceil(chunks / math threads) chunks with all
+// of its loads issued before any store; then each fences its stores for wgmma and all meet at kBarStQ.
+// Every math thread of a CTA with tiles calls it (warpgroups that get no tile included), before
+// consume_st_regs.
+template <class Storage>
+__device__ __forceinline__ void convert_q_st_fp8(Storage& s, int tid) {
+  constexpr int kThreads = 128 * Storage::kMathWgs;
+  constexpr int kChunks = Storage::kRowsPerCta * kChunksPerRow;
+  constexpr int kPer = (kChunks + kThreads - 1) / kThreads;
+  uint32_t w[kPer][4];
+  wait_barrier(&s.q_full, 0);
+  CUTE_UNROLL
+  for (int i = 0; i < kPer; ++i) {
+    if (kChunks % kThreads == 0 || tid + i * kThreads < kChunks) load_q_pairs(s, tid + i * kThreads, w[i]);
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < kPer; ++i) {
+    if (kChunks % kThreads == 0 || tid + i * kThreads < kChunks) store_q_chunk(s, tid + i * kThreads, w[i]);
+  }
+  fence_proxy_async_shared();  // rounded Q stores -> wgmma reads (writer side)
+  math_barrier<kThreads>(kBarStQ);
+}
+
 // The warpgroup's loop over its tiles t = wg, wg + kMathWgs, ...: tile t in stage t % kRing. Same contract
 // as consume_st, with O^T's rows in st_regs_dim order. With three math warpgroups (152 registers per
 // thread) or 32 rows (O^T 128 registers) the K and V^T fragments are converted and issued in smaller
@@ -105,7 +129,7 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   const int v_row[2] = {2 * tq + (tq & 1), 2 * tq + 1 - (tq & 1)};
   const int v_off[2] = {raw_offset(v_row[0], v_chunk), raw_offset(v_row[1], v_chunk)};  // + 16 k rows: + 1024 k bytes
 
-  wait_barrier(&s.q_full, 0);
+  if constexpr (MLA_FP8_Q_BY_MATH == 0) wait_barrier(&s.q_full, 0);  // else convert_q_st_fp8 waited
   for (int t = wg; t < c.num_tiles; t += Storage::kMathWgs) {
     // Tile t in stage t % kRing, the (t / kRing)-th fill of that stage (as the producer counts). With
     // two warpgroups a warpgroup alternates between two stages; with three, the stages rotate. Waiting

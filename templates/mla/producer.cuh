@@ -508,7 +508,7 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
 // until the final merge, then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
 // (st_q_dim) and rounded to fp16 times kFp8QPrescale.
-// The copies alone (produce_fp8_ring issues them first; load_q_permuted rounds them).
+// The copies alone (produce_fp8_ring issues them first; convert_q_st_fp8 or load_q_permuted rounds them).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRowBytes = kHeadDimK * 2;
@@ -516,44 +516,67 @@ __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs
   copy_q_rows<NUM_HEADS, Storage::kRowsPerCta>(
       a, b, m_block, ptid, [&](int row, int c) { return smem_u32(staging + row * kRowBytes + c * 16); });
 }
-// The caller issued this thread's Q copies (issue_q_permuted) as a cp.async group, then tile 0's.
+// Chunk oc (row oc / 72, 8 columns) of the fp16 Q tile, from the bf16 rows staged in o_x: four bf16
+// pairs gathered by st_q_dim (which keeps pairs), loaded (load_q_pairs), then rounded to fp16 times
+// kFp8QPrescale and stored (store_q_chunk). The caller has seen all of Q land; load_q_permuted (the
+// producer) or convert_q_st_fp8 (the math warpgroups, MLA_FP8_Q_BY_MATH) run them over every chunk.
+template <class Storage>
+__device__ __forceinline__ void load_q_pairs(const Storage& s, int oc, uint32_t (&w)[4]) {
+  constexpr int kRowBytes = kHeadDimK * 2;
+  const char* staging = reinterpret_cast<const char*>(s.o_x);
+  const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
+  CUTE_UNROLL
+  for (int i = 0; i < 4; ++i) {  // columns col + 2i, col + 2i + 1: one bf16 pair
+    w[i] = *reinterpret_cast<const uint32_t*>(staging + row * kRowBytes + 2 * st_q_dim(col + 2 * i));
+  }
+}
+template <class Storage>
+__device__ __forceinline__ void store_q_chunk(Storage& s, int oc, const uint32_t (&w)[4]) {
+  const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
+  *reinterpret_cast<uint4*>(reinterpret_cast<char*>(s.q) + swizzled_offset(row, col, Storage::kRowsPerCta)) =
+      make_uint4(bf16x2_to_f16x2_prescaled(w[0]), bf16x2_to_f16x2_prescaled(w[1]), bf16x2_to_f16x2_prescaled(w[2]),
+                 bf16x2_to_f16x2_prescaled(w[3]));
+}
+
+// MLA_FP8_Q_BY_MATH=0: the producer threads round Q. The caller issued this thread's Q copies
+// (issue_q_permuted) as a cp.async group, then tile 0's.
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
-  constexpr int kRows = Storage::kRowsPerCta;
-  constexpr int kRowBytes = kHeadDimK * 2;
-  char* staging = reinterpret_cast<char*>(s.o_x);
+  constexpr int kChunks = Storage::kRowsPerCta * kChunksPerRow;
   cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
-  constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll 1
   for (int oc = ptid; oc < kChunks; oc += kProducerThreads) {
-    const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
     uint32_t w[4];
-    CUTE_UNROLL
-    for (int i = 0; i < 4; ++i) {  // columns col + 2i, col + 2i + 1: one bf16 pair (st_q_dim keeps pairs)
-      w[i] = bf16x2_to_f16x2_prescaled(
-          *reinterpret_cast<const uint32_t*>(staging + row * kRowBytes + 2 * st_q_dim(col + 2 * i)));
-    }
-    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(s.q) + swizzled_offset(row, col, kRows)) =
-        make_uint4(w[0], w[1], w[2], w[3]);
+    load_q_pairs(s, oc, w);
+    store_q_chunk(s, oc, w);
   }
 }
 
-// Q first, as produce_fp8 does.
-template <int NUM_HEADS, int PAGE_SIZE, class Storage>
+// Q first, as produce_fp8 does (kQIssued: the kernel issued this thread's Q copies at its start,
+// MLA_Q_FIRST).
+template <int NUM_HEADS, int PAGE_SIZE, bool kQIssued, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-  cp_async_commit();
-  // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's. (Issuing
-  // tiles 0-3 before Q measured no faster: perf-notes, seventh session.)
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-  cp_async_commit();  // tile 0's group
-  load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
-  arrive_barrier(&s.q_full);
-  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+  static_assert(!kQIssued || MLA_FP8_Q_BY_MATH != 0, "Q issued early only where the math warpgroups round it");
+  if constexpr (!kQIssued) issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+  if constexpr (MLA_FP8_Q_BY_MATH != 0) {
+    // q_full completes when every producer thread's Q copies have landed (its only earlier cp.async
+    // copies); the math warpgroups then round Q themselves (convert_q_st_fp8) while tiles stream in.
+    cp_async_arrive_noinc(&s.q_full);
+    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, num_tiles, ptid);
+  } else {
+    cp_async_commit();
+    // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's. (Issuing
+    // tiles 0-3 before Q measured no faster: perf-notes, seventh session.)
+    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
+    cp_async_commit();  // tile 0's group
+    load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+    fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
+    arrive_barrier(&s.q_full);
+    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
+  }
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 
