@@ -186,6 +186,8 @@ _SWITCH_BUILDS = {
     # The fp8 register path's Q rounded by the producer after its tile-0 copies (MLA_FP8_Q_BY_MATH=0,
     # the control of v3.25's A/B; by default the math warpgroups round it and Q is copied at CTA entry).
     "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit"]),
+    # ... and copied at CTA entry (MLA_FP8_Q_FIRST=1, off until a GPU run of its race fix: v3.25).
+    "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1", ["mla_decode_h8_p1_fp8_e4m3_split", "mla_decode_h32_p64_fp8_e4m3_nosplit"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.
     "fp8-probe-no-widen": ("-DMLA_FP8_PROBE_NO_WIDEN=1 -DMLA_FP8_S_FIRST=1", ["mla_decode_h128_p64_fp8_e4m3_split"]),
 }
@@ -210,7 +212,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
     outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA=0, the fp8
-    cp.async-only control; MLA_FP8_Q_BY_MATH=0, fp8 Q rounded by the producer; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    cp.async-only control; MLA_FP8_Q_BY_MATH=0, fp8 Q rounded by the producer; MLA_FP8_Q_FIRST=1, fp8 Q copied at CTA entry; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]

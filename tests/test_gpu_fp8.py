@@ -74,6 +74,32 @@ def test_fp8_transposed_ring_wraps_at_every_tile_count(key):
             assert not problems, f"{key} q_len={q_len} splits={n}: {problems}"
 
 
+@pytest.mark.parametrize("key", _st_fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
+def test_fp8_empty_request_ignores_its_q(key):
+    """A request with seq_len 0 gets out 0 and lse -inf whatever its q holds (a CUDA-graph padding row's
+    q may be stale memory). On the register path Q's bf16 rows are copied at CTA entry into the buffer
+    the final merge reuses (layouts.cuh SharedStorageStFp8), also in a CTA without tiles, whose merge
+    must wait for those copies: here q of every empty request is NaN, +inf and -inf, so a copy landing
+    after the merge's zeros shows as NaN. Many empty requests beside two long ones, one split (out
+    written by the decode kernel) and, for split variants, several."""
+    num_heads, page, _, split = key
+    g = torch.Generator().manual_seed(777 + num_heads + page)
+    lens = [0] * 20 + [3000, 1]
+    empty = [i for i, n in enumerate(lens) if n == 0]
+    case = make_paged_case(lens, num_heads, page, 1, FP8, generator=g, k_scale=0.5)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                            case.softmax_scale, k_scale=0.5)
+    for j, b in enumerate(empty):  # the reference of the other rows does not depend on these q rows
+        case.q[b] = (float("nan"), float("inf"), float("-inf"))[j % 3]
+    for n in ([1, 2] if split else [1]):
+        for _ in range(3):
+            out, lse = _run(case, n, 0.5)
+            assert torch.equal(out[empty].float(), torch.zeros_like(out[empty].float())), f"{key} splits={n}"
+            assert torch.isneginf(lse[empty]).all(), f"{key} splits={n}"
+            problems = compare(out, lse, ref_out, ref_lse, **FP8_TOLERANCE)
+            assert not problems, f"{key} splits={n}: {problems}"
+
+
 def _any_fp8_key(split=None):
     keys = [k for k in _fp8_keys() if split is None or k[3] == split]
     if not keys:

@@ -46,7 +46,7 @@ namespace mla {
 using namespace cute;
 
 // Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's, 13
-// the fp8 register path's producer barrier, producer.cuh kBarProducer).
+// the producer's (producer.cuh kBarProducer: the fp8 register path with MLA_FP8_Q_BY_MATH=0).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
 constexpr int kBarStQ = 14;      // all math warpgroups: Q rounded to fp16 (fp8, MLA_FP8_Q_BY_MATH)

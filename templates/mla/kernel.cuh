@@ -718,12 +718,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT && !kSt), "the scheduled kernel: split variants of the 64-row 16-bit path");
-  // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and
-  // on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH: the copies go to the
-  // o_x staging rows). The 64-row fp8 producer (produce_fp8) and the producer-rounding register path
+  // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and,
+  // with MLA_FP8_Q_FIRST, on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH:
+  // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The 64-row fp8 producer (produce_fp8) and the producer-rounding register path
   // issue Q first themselves, since they round it after copying it; a scheduled CTA learns its request
   // from the schedule.
-  constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0;
+  constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0 && MLA_FP8_Q_FIRST != 0;
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && (!Types::kFp8 || kQFirstFp8);
   if constexpr (kQFirst) {
     if (threadIdx.x < kProducerThreads) {
@@ -785,7 +785,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
       }
       trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {
-      cp_async_wait_all();  // no tiles (empty split or bad seq_len): Q went unused; do not retire with copies in flight
+      // No tiles (empty split or bad seq_len): Q goes unused. On the fp8 register path its copies land in
+      // o_x, which merge_st then writes: q_full tells the math threads when they have landed.
+      if constexpr (kQFirstFp8) cp_async_arrive_noinc(&s.q_full);
+      cp_async_wait_all();  // do not retire with copies in flight
     }
     return;
   }
@@ -851,7 +854,11 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     }
     __syncwarp();
     if constexpr (Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0) {
-      if (num_tiles > 0) convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows
+      if (num_tiles > 0) {
+        convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows
+      } else if constexpr (kQFirstFp8) {
+        wait_barrier(&s.q_full, 0);  // Q's copies into o_x (issued at entry) have landed before merge_st writes o_x
+      }
     }
     // O^T: all 512 latent rows.
     Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});
