@@ -720,9 +720,10 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT && !kSt), "the scheduled kernel: split variants of the 64-row 16-bit path");
   // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and,
   // with MLA_FP8_Q_FIRST, on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH:
-  // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The 64-row fp8 producer (produce_fp8) and the producer-rounding register path
-  // issue Q first themselves, since they round it after copying it; a scheduled CTA learns its request
-  // from the schedule.
+  // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The
+  // 64-row fp8 producer (produce_fp8) and the register path otherwise issue Q first themselves, since
+  // they round it (or, the register path, stage it) after copying it; a scheduled CTA learns its
+  // request from the schedule.
   constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0 && MLA_FP8_Q_FIRST != 0;
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && (!Types::kFp8 || kQFirstFp8);
   if constexpr (kQFirst) {

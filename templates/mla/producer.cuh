@@ -506,8 +506,9 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 
 
 // Q for the register path: its bf16 rows are copied (cp.async, zeros for padding rows) into o_x, free
-// until the final merge (which waits for them, layouts.cuh SharedStorageStFp8), then every 16-byte chunk of the fp16 Q tile is assembled from four bf16 pairs
-// (st_q_dim) and rounded to fp16 times kFp8QPrescale.
+// until the final merge (which waits for them, layouts.cuh SharedStorageStFp8), then every 16-byte
+// chunk of the fp16 Q tile is assembled from four bf16 pairs (st_q_dim) and rounded to fp16 times
+// kFp8QPrescale.
 // The copies alone (produce_fp8_ring issues them first; convert_q_st_fp8 or load_q_permuted rounds them).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
