@@ -28,8 +28,9 @@
 // warpgroups convert them in registers for register-sourced wgmma (consumer_st_regs.cuh). Register
 // budgets on this path: 56 (producer) / 224 (math); the fp8 variants there run three math warpgroups
 // (MLA_FP8_ST_WGS, 512 threads, 56 / 152), tile t owned by warpgroup t % 3, their three partial
-// softmaxes merged the same way; with 32 rows (17..32 heads) two (40 / 232) and a 3-stage ring. The 17..32-head bf16/fp16 variants also instantiate the 64-row kernel
-// (ROWS = kBlockM, rows64.cuh) for launches whose splits are short (MLA_ST32_MIN_KEYS).
+// softmaxes merged the same way; with 32 rows (17..32 heads) two (40 / 232) and a 3-stage ring. The
+// 17..32-head bf16/fp16 variants also instantiate the 64-row kernel (ROWS = kBlockM, rows64.cuh) for
+// launches whose splits are short (MLA_ST32_MIN_KEYS).
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
 #pragma once
