@@ -272,10 +272,20 @@ __device__ __forceinline__ void st_publish_stats(Storage& s, const StContext<kRo
   }
 }
 
+// MLA_MERGE_SKIP_IDLE (default 1): merge_st skips the add passes of warpgroups that owned no tile
+// (warpgroup w owns tiles w, w + kMathWgs, ...: none when w >= num_tiles, as in every one-tile split of
+// a batch-1 call). Their O^T is zero and their factor exp2(-inf) = 0, so the pass would add exact
+// zeros; skipping it (and the barrier before it, a CTA-uniform condition) shortens the merge's serial
+// chain: at one tile per split by one pass of two (16-bit) or two of three (fp8, three warpgroups).
+#ifndef MLA_MERGE_SKIP_IDLE
+#define MLA_MERGE_SKIP_IDLE 1
+#endif
+constexpr bool kMergeSkipIdle = MLA_MERGE_SKIP_IDLE != 0;
+
 // Merges the math warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all math threads, also when the split has no tile (then everything is 0 and -inf). Warpgroup 0
-// writes o_x, the others add theirs in turn.
+// writes o_x, the others that owned a tile add theirs in turn (MLA_MERGE_SKIP_IDLE).
 // On the fp8 register path (Storage::kRegWiden) O^T's rows are in consume_st_regs' order (latent
 // value st_regs_dim), else in order.
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
@@ -326,6 +336,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     if (wg == 0) merge_v4(false);
     CUTE_UNROLL
     for (int w = 1; w < Storage::kMathWgs; ++w) {
+      if (kMergeSkipIdle && w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
       math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
       if (wg == w) merge_v4(true);
     }
@@ -339,6 +350,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     }
     CUTE_UNROLL
     for (int w = 1; w < Storage::kMathWgs; ++w) {
+      if (kMergeSkipIdle && w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
       math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
       if (wg == w) {
         CUTE_UNROLL
@@ -350,7 +362,8 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     }
   }
   if constexpr (kRowOutInMerge<Storage>) {
-    // Warpgroup 0 is idle while the last warpgroup adds its O^T: it writes each row's scale and lse.
+    // Warpgroup 0 is idle while the others add their O^T (or done, when it owned the only tile): it
+    // writes each row's scale and lse.
     if (wg == 0 && c.tid_wg < kRows) {
       st_row_out(s, c.tid_wg, v_scale, bad_len, s.row_out[0][c.tid_wg], s.row_out[1][c.tid_wg]);
     }
