@@ -185,7 +185,8 @@ _SWITCH_BUILDS = {
     "kv-reader-fence": ("-DMLA_KV_READER_FENCE=1", ["mla_decode_h128_p1_bf16_split"]),
     # The fp8 register path's Q rounded by the producer after its tile-0 copies (MLA_FP8_Q_BY_MATH=0,
     # the control of v3.25's A/B; by default the math warpgroups round it and Q is copied at CTA entry).
-    "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit"]),
+    "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit",
+                                                    "mla_decode_h64_p64_fp8_e4m3_split"]),
     # ... and copied at CTA entry (MLA_FP8_Q_FIRST=1, off until a GPU run of its race fix: v3.25).
     "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1", ["mla_decode_h8_p1_fp8_e4m3_split", "mla_decode_h32_p64_fp8_e4m3_nosplit"]),
     # The timing probe without widening (wrong results by design), in the S-first order it is for.

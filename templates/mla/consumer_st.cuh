@@ -49,7 +49,7 @@ using namespace cute;
 // the producer's (producer.cuh kBarProducer: the fp8 register path with MLA_FP8_Q_BY_MATH=0).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-constexpr int kBarStQ = 14;      // all math warpgroups: Q rounded to fp16 (fp8, MLA_FP8_Q_BY_MATH)
+constexpr int kBarStQ = kBarQRounded;  // all math warpgroups: Q rounded to fp16 (fp8, MLA_FP8_Q_BY_MATH)
 // Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
 
