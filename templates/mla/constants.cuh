@@ -88,6 +88,16 @@
 // tiles let merge_st write o_x while Q's copies could still land there (a NaN q of an empty request
 // came out NaN). Fixed form: such a CTA's producer arrives on q_full and its math threads wait for it
 // before the merge; tests/test_gpu_fp8.py test_fp8_empty_request_ignores_its_q. Not yet run on a GPU.
+// MLA_ST_ROW_OUT_ONCE (default 1 on branch next/st-row-out-once): on the fp8 register path, whose merge
+// has no registers to spare for the rows' output scale and lse (kRowOutInMerge), store_rows_st_to works
+// them out once per row (one thread a row, into s.row_out, then a barrier) instead of in each of its
+// rolled passes by all 64 threads of the row: a chain of shared loads, exp2f, log2f and a division per
+// pass. The batch-1 trace (v3.25) had the fp8 CTA's store at 1.89 us against bf16's 1.09 at 16 heads
+// (3 passes against 4) and 3.33 at 32 heads (8 passes). 0: every pass works them out again.
+#ifndef MLA_ST_ROW_OUT_ONCE
+#define MLA_ST_ROW_OUT_ONCE 1
+#endif
+
 #ifndef MLA_FP8_Q_FIRST
 #define MLA_FP8_Q_FIRST 0
 #endif

@@ -393,12 +393,18 @@ __device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int 
 // chosen once outside it: the epilogue's code runs once per CTA and comes from DRAM on a cold call,
 // and the four unrolled passes that each carried both store paths measured 0.6-1.7 us slower per call
 // (docs/perf-notes.md v3.14, v3.15). Each row's v_scale / l and lse come from s.row_out, where
-// merge_st's idle warpgroup 0 put them (kRowOutInMerge), or on the fp8 register path from the row
-// statistics (st_row_out).
+// merge_st's idle warpgroup 0 put them (kRowOutInMerge), or on the fp8 register path where this
+// function's first step put them (MLA_ST_ROW_OUT_ONCE; 0: from the row statistics in every pass).
 template <class Out, int NUM_HEADS, bool kToWs, class Storage>
-__device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, const Storage& s, int b, int split,
+__device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, Storage& s, int b, int split,
                                                  int m_block, int tid, float v_scale, bool bad_len) {
   constexpr int kRows = Storage::kRowsPerCta;
+  // MLA_ST_ROW_OUT_ONCE: where merge_st left no row_out, one thread per row works it out here first.
+  constexpr bool kRowOutHere = !kRowOutInMerge<Storage> && MLA_ST_ROW_OUT_ONCE != 0;
+  if constexpr (kRowOutHere) {
+    if (tid < kRows) st_row_out(s, tid, v_scale, bad_len, s.row_out[0][tid], s.row_out[1][tid]);
+    math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
+  }
   constexpr int kValsPerThread = 8;
   constexpr int kThreadsPerOutRow = kHeadDimV / kValsPerThread;              // 64
   constexpr int kRowsPerPass = 128 * Storage::kMathWgs / kThreadsPerOutRow;  // 4 (6 with 3 warpgroups)
@@ -411,7 +417,7 @@ __device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, const St
     const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
     if (qi >= a.q_len || h >= a.num_heads) continue;
     float inv_sum, lse;
-    if constexpr (kRowOutInMerge<Storage>) {
+    if constexpr (kRowOutInMerge<Storage> || kRowOutHere) {
       inv_sum = s.row_out[0][n];
       lse = s.row_out[1][n];
     } else {
@@ -423,7 +429,7 @@ __device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, const St
   }
 }
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
-__device__ __forceinline__ void store_rows_st(const DecodeParams& p, const Storage& s, int b, int split, int m_block,
+__device__ __forceinline__ void store_rows_st(const DecodeParams& p, Storage& s, int b, int split, int m_block,
                                               int tid, float v_scale, bool bad_len) {
   if (SPLIT && p.a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
     store_rows_st_to<Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);

@@ -229,6 +229,7 @@ struct SharedStorageStFp8 {
   float col_stat[kMathWgs][4][kRows];
   float wg_max[kMathWgs][kRows];
   int key_limit[kMathWgs * 4][kRows];  // three warpgroups or 32 rows: per math warp, each column's mask limit
+  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (store_rows_st_to, MLA_ST_ROW_OUT_ONCE)
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps
