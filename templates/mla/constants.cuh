@@ -74,9 +74,8 @@
 
 // MLA_FP8_Q_BY_MATH (default 1): on the transposed fp8 register path, Q's bf16 rows land in o_x by
 // cp.async and the math warpgroups (256 or 384 threads, idle until then) round them into the permuted
-// fp16 Q tile (consumer_st_regs.cuh convert_q_st_fp8); on the 64-row fp8 path (branch
-// next/rows64-fp8-q-by-math) they land in the fp16 tile itself and the 256 math threads round them in
-// place (kernel.cuh round_q_block_fp8). 0: the 128 producer threads do it (producer.cuh load_q_permuted,
+// fp16 Q tile (consumer_st_regs.cuh convert_q_st_fp8); on the 64-row fp8 path they land in the fp16
+// tile itself and the 256 math threads round them in place (kernel.cuh round_q_block_fp8). 0: the 128 producer threads do it (producer.cuh load_q_permuted,
 // load_q_block_fp8), after their tile-0 copies are issued, and arrive on q_full. The trace at batch 1
 // (docs/perf-notes.md v3.25) put the fp8 CTA's Q phase at 3.0-3.8 us against bf16's 1.2-1.5, hot or cold.
 #ifndef MLA_FP8_Q_BY_MATH

@@ -45,8 +45,9 @@ namespace mla {
 
 using namespace cute;
 
-// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 8 the fp8 widening's, 13
-// the producer's (producer.cuh kBarProducer: the fp8 register path with MLA_FP8_Q_BY_MATH=0).
+// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 7 the fp8 copy warps', 8
+// the fp8 widening's, 13 the producer's (producer.cuh kBarProducer: the fp8 register path with
+// MLA_FP8_Q_BY_MATH=0), 14 kBarQRounded (consumer.cuh), used by both paths' fp8 Q rounding.
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
 constexpr int kBarStQ = kBarQRounded;  // all math warpgroups: Q rounded to fp16 (fp8, MLA_FP8_Q_BY_MATH)
@@ -71,7 +72,7 @@ template <int kRows>
 struct StContext {
   static constexpr int kCols = kRows / 4;  // distinct query rows per thread
   int kv_begin;
-  int num_tiles;           // kBlockN-token tiles in the split (> 0)
+  int num_tiles;           // kBlockN-token tiles in the split (> 0 in the loops; merge_st also sees 0)
   int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); unused
                            // where Storage::key_limit holds them (kKeyLimitShared), to spare registers
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
@@ -275,7 +276,7 @@ __device__ __forceinline__ void st_publish_stats(Storage& s, const StContext<kRo
 // MLA_MERGE_SKIP_IDLE (default 1): merge_st skips the add passes of warpgroups that owned no tile
 // (warpgroup w owns tiles w, w + kMathWgs, ...: none when w >= num_tiles, as in every one-tile split of
 // a batch-1 call). Their O^T is zero and their factor exp2(-inf) = 0, so the pass would add exact
-// zeros; skipping it (and the barrier before it, a CTA-uniform condition) shortens the merge's serial
+// zeros (up to a zero's sign: an o_x of -0 now stays -0, numerically the same); skipping it (and the barrier before it, a CTA-uniform condition) shortens the merge's serial
 // chain: at one tile per split by one pass of two (16-bit) or two of three (fp8, three warpgroups).
 #ifndef MLA_MERGE_SKIP_IDLE
 #define MLA_MERGE_SKIP_IDLE 1

@@ -561,7 +561,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cac
     const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
     const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    if constexpr (Types::kFp8 && MLA_FP8_Q_BY_MATH != 0) round_q_block_fp8(s, tid);  // fp8: never scheduled, phase 0
+    static_assert(!Types::kFp8 || !kSchedulable<Cache, NUM_HEADS>, "fp8 is never scheduled: Q's phase is 0");
+    if constexpr (Types::kFp8 && MLA_FP8_Q_BY_MATH != 0) round_q_block_fp8(s, tid);
     consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
@@ -763,9 +764,9 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and,
   // with MLA_FP8_Q_FIRST, on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH:
   // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The
-  // 64-row fp8 producer (produce_fp8) and the register path otherwise issue Q first themselves, since
-  // they round it (or, the register path, stage it) after copying it; a scheduled CTA learns its
-  // request from the schedule.
+  // 64-row fp8 producer (produce_fp8) issues Q itself: with MLA_FP8_Q_BY_MATH it no longer rounds it,
+  // so Q at entry would suit it too (not written yet). The register path without MLA_FP8_Q_FIRST also
+  // issues Q itself (produce_fp8_ring); a scheduled CTA learns its request from the schedule.
   constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0 && MLA_FP8_Q_FIRST != 0;
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && (!Types::kFp8 || kQFirstFp8);
   if constexpr (kQFirst) {

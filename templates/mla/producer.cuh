@@ -233,7 +233,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 }
 
 // The fp8 producer: Q (bf16) is copied into the fp16 Q tile and rounded there to fp16 x kFp8QPrescale
-// (load_q_block_fp8); each KV slot's
+// (by the math warpgroups, kernel.cuh round_q_block_fp8; MLA_FP8_Q_BY_MATH=0: by the producer,
+// load_q_block_fp8); each KV slot's
 // raw bytes (64 tokens x 64 values, 4 KiB) are copied by cp.async into the upper half of the slot's own
 // 8 KiB fp16 sub-tile and widened there in place (e4m3 -> fp16 is exact), so fp8 needs no staging
 // memory and keeps two fp16 stages. Warps 0-1 copy (they wait for empty slots), warps 2-3 widen (they
@@ -497,6 +498,7 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
     cp_async_wait_all();  // do not retire while copies are in flight
   } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
+    if constexpr (MLA_FP8_Q_BY_MATH != 0) cp_async_wait_all();  // its Q copies: do not retire with them in flight
   }
 }
 
