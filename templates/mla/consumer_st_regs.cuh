@@ -73,11 +73,11 @@ __device__ __forceinline__ void convert_q_st_fp8(Storage& s, int tid) {
   constexpr int kThreads = 128 * Storage::kMathWgs;
   constexpr int kChunks = Storage::kRowsPerCta * kChunksPerRow;
   constexpr int kPer = (kChunks + kThreads - 1) / kThreads;
-  uint32_t w[kPer][4];
+  uint4 w[kPer];
   wait_barrier(&s.q_full, 0);
   CUTE_UNROLL
   for (int i = 0; i < kPer; ++i) {
-    if (kChunks % kThreads == 0 || tid + i * kThreads < kChunks) load_q_pairs(s, tid + i * kThreads, w[i]);
+    if (kChunks % kThreads == 0 || tid + i * kThreads < kChunks) w[i] = load_q_pairs(s, tid + i * kThreads);
   }
   CUTE_UNROLL
   for (int i = 0; i < kPer; ++i) {

@@ -515,8 +515,7 @@ __device__ __forceinline__ void round_q_block_fp8(Storage& s, int tid) {
     }
     CUTE_UNROLL
     for (int i = 0; i < kPer; ++i) {
-      *p[i] = make_uint4(bf16x2_to_f16x2_prescaled(v[i].x), bf16x2_to_f16x2_prescaled(v[i].y),
-                         bf16x2_to_f16x2_prescaled(v[i].z), bf16x2_to_f16x2_prescaled(v[i].w));
+      *p[i] = bf16x8_to_f16x8_prescaled(v[i]);
     }
   }
   fence_proxy_async_shared();  // rounded Q stores -> wgmma reads (writer side)

@@ -56,6 +56,11 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_prescaled(uint32_t v) {
                                 __uint_as_float(v & 0xffff0000u) * kFp8QPrescale);
   return *reinterpret_cast<uint32_t*>(&h);
 }
+// Eight bf16 values (a 16-byte chunk) -> eight fp16 values times kFp8QPrescale.
+__device__ __forceinline__ uint4 bf16x8_to_f16x8_prescaled(uint4 v) {
+  return make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y), bf16x2_to_f16x2_prescaled(v.z),
+                    bf16x2_to_f16x2_prescaled(v.w));
+}
 
 // Barrier `id` over the kMathThreads math threads only (256, or 384 with three math warpgroups); the
 // producer never takes part. One side of a

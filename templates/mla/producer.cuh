@@ -261,9 +261,7 @@ __device__ __forceinline__ void load_q_block_fp8(cutlass::half_t* sq, const MlaD
     for (int k = 0; k < kChunksPerRow / kThreadsPerRow; ++k) {
       uint4* p = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sq) +
                                           swizzled_offset(row, (sub + k * kThreadsPerRow) * kChunkElems, kRows));
-      const uint4 v = *p;  // padding rows hold zeros, which stay zeros
-      *p = make_uint4(bf16x2_to_f16x2_prescaled(v.x), bf16x2_to_f16x2_prescaled(v.y),
-                      bf16x2_to_f16x2_prescaled(v.z), bf16x2_to_f16x2_prescaled(v.w));
+      *p = bf16x8_to_f16x8_prescaled(*p);  // padding rows hold zeros, which stay zeros
     }
   }
 }
@@ -533,21 +531,20 @@ __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs
 // kFp8QPrescale and stored (store_q_chunk). The caller has seen all of Q land; load_q_permuted (the
 // producer) or convert_q_st_fp8 (the math warpgroups, MLA_FP8_Q_BY_MATH) run them over every chunk.
 template <class Storage>
-__device__ __forceinline__ void load_q_pairs(const Storage& s, int oc, uint32_t (&w)[4]) {
+__device__ __forceinline__ uint4 load_q_pairs(const Storage& s, int oc) {
   constexpr int kRowBytes = kHeadDimK * 2;
-  const char* staging = reinterpret_cast<const char*>(s.o_x);
-  const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
-  CUTE_UNROLL
-  for (int i = 0; i < 4; ++i) {  // columns col + 2i, col + 2i + 1: one bf16 pair
-    w[i] = *reinterpret_cast<const uint32_t*>(staging + row * kRowBytes + 2 * st_q_dim(col + 2 * i));
-  }
+  const char* staging = reinterpret_cast<const char*>(s.o_x) + (oc / kChunksPerRow) * kRowBytes;
+  const int col = (oc % kChunksPerRow) * kChunkElems;
+  auto pair = [&](int i) {  // columns col + 2i, col + 2i + 1: one bf16 pair
+    return *reinterpret_cast<const uint32_t*>(staging + 2 * st_q_dim(col + 2 * i));
+  };
+  return make_uint4(pair(0), pair(1), pair(2), pair(3));
 }
 template <class Storage>
-__device__ __forceinline__ void store_q_chunk(Storage& s, int oc, const uint32_t (&w)[4]) {
+__device__ __forceinline__ void store_q_chunk(Storage& s, int oc, uint4 w) {
   const int row = oc / kChunksPerRow, col = (oc % kChunksPerRow) * kChunkElems;
   *reinterpret_cast<uint4*>(reinterpret_cast<char*>(s.q) + swizzled_offset(row, col, Storage::kRowsPerCta)) =
-      make_uint4(bf16x2_to_f16x2_prescaled(w[0]), bf16x2_to_f16x2_prescaled(w[1]), bf16x2_to_f16x2_prescaled(w[2]),
-                 bf16x2_to_f16x2_prescaled(w[3]));
+      bf16x8_to_f16x8_prescaled(w);
 }
 
 // MLA_FP8_Q_BY_MATH=0: the producer threads round Q. The caller issued this thread's Q copies
@@ -558,11 +555,7 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
 #pragma unroll 1
-  for (int oc = ptid; oc < kChunks; oc += kProducerThreads) {
-    uint32_t w[4];
-    load_q_pairs(s, oc, w);
-    store_q_chunk(s, oc, w);
-  }
+  for (int oc = ptid; oc < kChunks; oc += kProducerThreads) store_q_chunk(s, oc, load_q_pairs(s, oc));
 }
 
 // Q first, as produce_fp8 does (kQIssued: the kernel issued this thread's Q copies at its start,
