@@ -185,11 +185,9 @@ _SWITCH_BUILDS = {
     "kv-reader-fence": ("-DMLA_KV_READER_FENCE=1", ["mla_decode_h128_p1_bf16_split"]),
     # The fp8 register path's Q rounded by the producer after its tile-0 copies (MLA_FP8_Q_BY_MATH=0,
     # the control of v3.25's A/B; by default the math warpgroups round it and Q is copied at CTA entry).
-    # On next/s26-stack it goes with MLA_ST_ROW_OUT_ONCE=0 (main's fp8 code on both paths): with the row
-    # scale worked out once, the producer-rounding build of the three-warpgroup fp8 kernel spills 4 bytes
-    # (the default build does not). Decide after the branch's A/B: retire MLA_FP8_Q_BY_MATH=0 or fix it.
-    "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0 -DMLA_ST_ROW_OUT_ONCE=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit",
-                                                    "mla_decode_h64_p64_fp8_e4m3_split"]),
+    # With the row scale worked out once (MLA_ST_ROW_OUT_ONCE, default), the producer-rounding build of
+    # the three-warpgroup fp8 kernel spills 4 bytes, so its control goes with MLA_ST_ROW_OUT_ONCE=0.
+    "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0 -DMLA_ST_ROW_OUT_ONCE=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit"]),
     # ... and copied at CTA entry (MLA_FP8_Q_FIRST=1, off until a GPU run of its race fix: v3.25).
     "fp8-q-first": ("-DMLA_FP8_Q_FIRST=1", ["mla_decode_h8_p1_fp8_e4m3_split", "mla_decode_h32_p64_fp8_e4m3_nosplit"]),
     # The controls of next/s26-stack's switches: merge_st adds every warpgroup's O^T (MLA_MERGE_SKIP_IDLE=0)

@@ -74,25 +74,26 @@
 
 // MLA_FP8_Q_BY_MATH (default 1): on the transposed fp8 register path, Q's bf16 rows land in o_x by
 // cp.async and the math warpgroups (256 or 384 threads, idle until then) round them into the permuted
-// fp16 Q tile (consumer_st_regs.cuh convert_q_st_fp8); on the 64-row fp8 path they land in the fp16
-// tile itself and the 256 math threads round them in place (kernel.cuh round_q_block_fp8). 0: the 128 producer threads do it (producer.cuh load_q_permuted,
-// load_q_block_fp8), after their tile-0 copies are issued, and arrive on q_full. The trace at batch 1
+// fp16 Q tile (consumer_st_regs.cuh convert_q_st_fp8); 0: the 128 producer threads do it (producer.cuh
+// load_q_permuted), after their tile-0 copies are issued, and arrive on q_full. The trace at batch 1
 // (docs/perf-notes.md v3.25) put the fp8 CTA's Q phase at 3.0-3.8 us against bf16's 1.2-1.5, hot or cold.
 #ifndef MLA_FP8_Q_BY_MATH
 #define MLA_FP8_Q_BY_MATH 1
 #endif
-// MLA_FP8_Q_FIRST (default 0 until a GPU run of the fixed form): with MLA_FP8_Q_BY_MATH the register
+// MLA_FP8_Q_FIRST (default 0): with MLA_FP8_Q_BY_MATH the register
 // path also issues Q's copies at CTA entry (MLA_Q_FIRST), into o_x. v3.25 measured that form 1.013x
 // faster than Q issued by produce_fp8_ring (batch 1: 2-4%), but its first form raced: a CTA without
 // tiles let merge_st write o_x while Q's copies could still land there (a NaN q of an empty request
 // came out NaN). Fixed form: such a CTA's producer arrives on q_full and its math threads wait for it
-// before the merge; tests/test_gpu_fp8.py test_fp8_empty_request_ignores_its_q. Not yet run on a GPU.
-// MLA_ST_ROW_OUT_ONCE (default 1 on branch next/st-row-out-once): on the fp8 register path, whose merge
+// before the merge; tests/test_gpu_fp8.py test_fp8_empty_request_ignores_its_q passes on it (v3.26),
+// but v3.26 measured it 0.998 against 0 over 48 fp8 anchors (run to run), so it stays off.
+// MLA_ST_ROW_OUT_ONCE (default 1): on the fp8 register path, whose merge
 // has no registers to spare for the rows' output scale and lse (kRowOutInMerge), store_rows_st_to works
 // them out once per row (one thread a row, into s.row_out, then a barrier) instead of in each of its
 // rolled passes by all 64 threads of the row: a chain of shared loads, exp2f, log2f and a division per
 // pass. The batch-1 trace (v3.25) had the fp8 CTA's store at 1.89 us against bf16's 1.09 at 16 heads
-// (3 passes against 4) and 3.33 at 32 heads (8 passes). 0: every pass works them out again.
+// (3 passes against 4) and 3.33 at 32 heads (8 passes). v3.26: 1.008 over 48 fp8 anchors, 16/32 heads
+// at batch 1 2-3% faster. 0: every pass works them out again.
 #ifndef MLA_ST_ROW_OUT_ONCE
 #define MLA_ST_ROW_OUT_ONCE 1
 #endif

@@ -154,9 +154,6 @@ constexpr int kBarPA = 2;     // warpgroup 0's P is in its tile's RoPE slot
 constexpr int kBarMaxPB = 3;  // warpgroup 1 published the row max after its tile (row_max[1]) and its P
 constexpr int kBarOwnP = 4;   // + wg: the warpgroup's own four warps finished writing P
 constexpr int kBarEnd = 6;    // both warpgroups' row sums are in row_sum (the epilogue, any consumer)
-// All math threads: fp8 Q rounded to fp16 by them (MLA_FP8_Q_BY_MATH; the 64-row path's round_q_block_fp8
-// and the transposed path's convert_q_st_fp8, which names it kBarStQ).
-constexpr int kBarQRounded = 14;
 // Empty-barrier arrivals a slot of a stage needs, one per math warp that reads it: stage w's tiles
 // are read for S by warpgroup w (all 9 slots) and for P V by warpgroup v (latent slots 4v .. 4v+3);
 // the RoPE slot holds P, which both read.

@@ -489,39 +489,6 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 template <class Cache, int NUM_HEADS>
 constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !CacheTypes<Cache>::kFp8;
 
-// MLA_FP8_Q_BY_MATH on the 64-row fp8 path: the producer copied Q's bf16 bytes into the fp16 tile
-// (same 2-byte element, same swizzle) and arrived on q_full once they landed; the 256 math threads
-// round them in place to fp16 times kFp8QPrescale, 18 chunks each in two batches of nine (loads before
-// stores), fence their stores for wgmma and meet at kBarQRounded. Every math thread of a CTA with tiles
-// calls it before consume_two_stage (whose own wait on q_full then passes at once).
-template <class Storage>
-__device__ __forceinline__ void round_q_block_fp8(Storage& s, int tid) {
-  constexpr int kThreads = 128 * kNumWarpgroups;
-  constexpr int kChunks = kBlockM * kChunksPerRow;
-  static_assert(Storage::kRowsPerCta == kBlockM, "the 64-row path's Q tile");
-  static_assert(kChunks % (2 * kThreads) == 0, "two equal batches per thread");
-  constexpr int kPer = kChunks / kThreads / 2;
-  wait_barrier(&s.q_full, 0);
-  CUTE_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    uint4* p[kPer];
-    uint4 v[kPer];
-    CUTE_UNROLL
-    for (int i = 0; i < kPer; ++i) {
-      const int oc = tid + (h * kPer + i) * kThreads;
-      p[i] = reinterpret_cast<uint4*>(reinterpret_cast<char*>(s.q) +
-                                      swizzled_offset(oc / kChunksPerRow, (oc % kChunksPerRow) * kChunkElems, kBlockM));
-      v[i] = *p[i];  // padding rows hold zeros, which stay zeros
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < kPer; ++i) {
-      *p[i] = bf16x8_to_f16x8_prescaled(v[i]);
-    }
-  }
-  fence_proxy_async_shared();  // rounded Q stores -> wgmma reads (writer side)
-  math_barrier<kThreads>(kBarQRounded);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
 // segment of a scheduled CTA): S, softmax and O over w's tiles (consumer.cuh), then the epilogue, to
@@ -560,8 +527,6 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cac
     const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
     const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
                           phases};
-    static_assert(!Types::kFp8 || !kSchedulable<Cache, NUM_HEADS>, "fp8 is never scheduled: Q's phase is 0");
-    if constexpr (Types::kFp8 && MLA_FP8_Q_BY_MATH != 0) round_q_block_fp8(s, tid);
     consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort || MLA_FP8_S_FIRST>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
@@ -763,8 +728,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and,
   // with MLA_FP8_Q_FIRST, on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH:
   // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The
-  // 64-row fp8 producer (produce_fp8) issues Q itself: with MLA_FP8_Q_BY_MATH it no longer rounds it,
-  // so Q at entry would suit it too (not written yet). The register path without MLA_FP8_Q_FIRST also
+  // 64-row fp8 producer (produce_fp8) issues Q itself and rounds it. The register path without MLA_FP8_Q_FIRST also
   // issues Q itself (produce_fp8_ring); a scheduled CTA learns its request from the schedule.
   constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0 && MLA_FP8_Q_FIRST != 0;
   constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && (!Types::kFp8 || kQFirstFp8);

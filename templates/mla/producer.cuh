@@ -233,8 +233,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 }
 
 // The fp8 producer: Q (bf16) is copied into the fp16 Q tile and rounded there to fp16 x kFp8QPrescale
-// (by the math warpgroups, kernel.cuh round_q_block_fp8; MLA_FP8_Q_BY_MATH=0: by the producer,
-// load_q_block_fp8); each KV slot's
+// by the producer (load_q_block_fp8; rounding by the math warps instead measured 0.93-0.95 at batch 1,
+// docs/perf-notes.md v3.26); each KV slot's
 // raw bytes (64 tokens x 64 values, 4 KiB) are copied by cp.async into the upper half of the slot's own
 // 8 KiB fp16 sub-tile and widened there in place (e4m3 -> fp16 is exact), so fp8 needs no staging
 // memory and keeps two fp16 stages. Warps 0-1 copy (they wait for empty slots), warps 2-3 widen (they
@@ -466,9 +466,7 @@ __device__ __forceinline__ void widen_fp8_tiles(Storage& s, int num_tiles, int w
 // Storage: SharedStorage<float_e4m3_t> (the 64-row path; the transposed path takes produce_fp8_ring).
 // Q's copies go first, as their own cp.async group, so that neither their issue waits for the
 // block_table loads nor the rounding for tile 0's bytes (load_q_block_fp8): measured 0.951 over 58 fp8
-// anchors against issuing Q after tile 0 and waiting for both (docs/perf-notes.md, v3.16). With
-// MLA_FP8_Q_BY_MATH the producer does not round Q at all: it arrives on q_full as Q's copies land and
-// streams tiles, and the math warpgroups round Q (kernel.cuh round_q_block_fp8).
+// anchors against issuing Q after tile 0 and waiting for both (docs/perf-notes.md, v3.16).
 // kv_map: MLA_FP8_TMA's tensor map of the raw cache (kernel.cuh), or null.
 template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, int b,
@@ -477,26 +475,18 @@ __device__ __forceinline__ void produce_fp8(Storage& s, const MlaDecodeArgs& a, 
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   if (kv_map != nullptr && ptid == 0) prefetch_tensor_map(kv_map);
   load_q_block<cutlass::half_t, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
-  if constexpr (MLA_FP8_Q_BY_MATH != 0) {
-    // q_full completes when every producer thread's Q copies (its only earlier cp.async copies) have
-    // landed; the math warpgroups round them (kernel.cuh round_q_block_fp8).
-    cp_async_arrive_noinc(&s.q_full);
-  } else {
-    cp_async_commit();
-    // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's.
-    if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid, kv_map);
-    cp_async_commit();  // tile 0's group (the widening threads': empty)
-    load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
-    fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
-    arrive_barrier(&s.q_full);
-  }
-  constexpr int kFirstTile = MLA_FP8_Q_BY_MATH != 0 ? 0 : 1;
+  cp_async_commit();
+  // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's.
+  if (ptid < kFp8CopyThreads) copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid, kv_map);
+  cp_async_commit();  // tile 0's group (the widening threads': empty)
+  load_q_block_fp8<NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, ptid);
+  fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
+  arrive_barrier(&s.q_full);
   if (ptid < kFp8CopyThreads) {
-    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, kFirstTile, num_tiles, ptid, kv_map);
+    copy_fp8_tiles<PAGE_SIZE, kFp8CopyThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid, kv_map);
     cp_async_wait_all();  // do not retire while copies are in flight
   } else {
     widen_fp8_tiles(s, num_tiles, ptid - kFp8CopyThreads);
-    if constexpr (MLA_FP8_Q_BY_MATH != 0) cp_async_wait_all();  // its Q copies: do not retire with them in flight
   }
 }
 
