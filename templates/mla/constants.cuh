@@ -80,13 +80,8 @@
 #ifndef MLA_FP8_Q_BY_MATH
 #define MLA_FP8_Q_BY_MATH 1
 #endif
-// MLA_FP8_Q_FIRST (default 0): with MLA_FP8_Q_BY_MATH the register
-// path also issues Q's copies at CTA entry (MLA_Q_FIRST), into o_x. v3.25 measured that form 1.013x
-// faster than Q issued by produce_fp8_ring (batch 1: 2-4%), but its first form raced: a CTA without
-// tiles let merge_st write o_x while Q's copies could still land there (a NaN q of an empty request
-// came out NaN). Fixed form: such a CTA's producer arrives on q_full and its math threads wait for it
-// before the merge; tests/test_gpu_fp8.py test_fp8_empty_request_ignores_its_q passes on it (v3.26),
-// but v3.26 measured it 0.998 against 0 over 48 fp8 anchors (run to run), so it stays off.
+// (Q's copies at CTA entry on this path as well, v3.25-v3.26's MLA_FP8_Q_FIRST: 1.025 in v3.25 but a
+// race on CTAs without tiles, 0.998 in v3.26 once fixed; removed, perf-notes v3.26.)
 // MLA_ST_ROW_OUT_ONCE (default 1): on the fp8 register path, whose merge
 // has no registers to spare for the rows' output scale and lse (kRowOutInMerge), store_rows_st_to works
 // them out once per row (one thread a row, into s.row_out, then a barrier) instead of in each of its
@@ -96,10 +91,6 @@
 // at batch 1 2-3% faster. 0: every pass works them out again.
 #ifndef MLA_ST_ROW_OUT_ONCE
 #define MLA_ST_ROW_OUT_ONCE 1
-#endif
-
-#ifndef MLA_FP8_Q_FIRST
-#define MLA_FP8_Q_FIRST 0
 #endif
 
 // MLA_FP8_S_FIRST (default 0): the seesaw order of the 64-row fp8 kernel with 64-token tiles (consumer.cuh
@@ -167,8 +158,7 @@ constexpr bool kFp8ProbeNoWiden = MLA_FP8_PROBE_NO_WIDEN != 0;
 #endif
 static_assert(MLA_EPI_STAGED >= 0 && MLA_EPI_STAGED <= 2, "MLA_EPI_STAGED is 0, 1 or 2");
 
-// MLA_Q_FIRST (default 1; 0 for an A/B): the uniform 16-bit kernels (and, with MLA_FP8_Q_FIRST, the fp8
-// register path, into its o_x staging rows) issue Q's copies at the CTA's
+// MLA_Q_FIRST (default 1; 0 for an A/B): the uniform 16-bit kernels issue Q's copies at the CTA's
 // start, before the seq_lens load and the barrier set-up (Q's address does not depend on seq_len),
 // and a math thread initialises the barriers, so the initialising thread has no copies of its own in
 // flight. Measured (docs/perf-notes.md v3.13): 0.984-0.990 over 48-52 anchors at 16/128 heads, pages

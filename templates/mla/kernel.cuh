@@ -725,22 +725,15 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
   static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT && !kSt), "the scheduled kernel: split variants of the 64-row 16-bit path");
-  // MLA_Q_FIRST: the producer threads issue their Q copies first, in the uniform 16-bit kernels and,
-  // with MLA_FP8_Q_FIRST, on the fp8 register path when its math warpgroups round Q (MLA_FP8_Q_BY_MATH:
-  // the copies go to the o_x staging rows, which a CTA without tiles must then wait for, below). The
-  // 64-row fp8 producer (produce_fp8) issues Q itself and rounds it. The register path without MLA_FP8_Q_FIRST also
-  // issues Q itself (produce_fp8_ring); a scheduled CTA learns its request from the schedule.
-  constexpr bool kQFirstFp8 = Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0 && MLA_FP8_Q_FIRST != 0;
-  constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && (!Types::kFp8 || kQFirstFp8);
+  // MLA_Q_FIRST: the producer threads issue their Q copies first in the uniform 16-bit kernels. The fp8
+  // producers (produce_fp8, produce_fp8_ring) issue Q themselves; a scheduled CTA learns its request
+  // from the schedule.
+  constexpr bool kQFirst = MLA_Q_FIRST != 0 && !SCHED && !Types::kFp8;
   if constexpr (kQFirst) {
     if (threadIdx.x < kProducerThreads) {
       int b, m_block, split;
       cta_coords(p, b, m_block, split);
-      if constexpr (kQFirstFp8) {
-        issue_q_permuted<NUM_HEADS>(s, a, b, m_block, threadIdx.x);
-      } else {
-        load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
-      }
+      load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
     }
   }
   // MLA_TRACE (trace.cuh): producer thread 0 and the first math thread stamp the CTA's phases.
@@ -781,7 +774,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     if (num_tiles > 0) {
       trace_at(p, 0).stamp(kTraceProducerStart);
       if constexpr (Storage::kRegWiden) {
-        produce_fp8_ring<NUM_HEADS, PAGE_SIZE, kQFirst>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
+        produce_fp8_ring<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end, num_tiles, threadIdx.x);
       } else if constexpr (Types::kFp8) {
         produce_fp8<NUM_HEADS, PAGE_SIZE>(s, a, b, m_block, kv_begin, kv_end,
                                           tiles_of_n<Storage::kTileN>(kv_end - kv_begin, num_tiles), threadIdx.x,
@@ -792,9 +785,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
       }
       trace_at(p, 0).stamp(kTraceProducerDone);  // past its cp.async.wait_all (TMA tiles: issued)
     } else if constexpr (kQFirst) {
-      // No tiles (empty split or bad seq_len): Q goes unused. On the fp8 register path its copies land in
-      // o_x, which merge_st then writes: q_full tells the math threads when they have landed.
-      if constexpr (kQFirstFp8) cp_async_arrive_noinc(&s.q_full);
+      // No tiles (empty split or bad seq_len): Q goes unused.
       cp_async_wait_all();  // do not retire with copies in flight
     }
     return;
@@ -861,11 +852,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     }
     __syncwarp();
     if constexpr (Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0) {
-      if (num_tiles > 0) {
-        convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows
-      } else if constexpr (kQFirstFp8) {
-        wait_barrier(&s.q_full, 0);  // Q's copies into o_x (issued at entry) have landed before merge_st writes o_x
-      }
+      if (num_tiles > 0) convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows
     }
     // O^T: all 512 latent rows.
     Tensor tOrO = partition_fragment_C(typename LS::TiledMmaO{}, Shape<Int<kHeadDimV>, Int<kRows>>{});

@@ -192,9 +192,7 @@ struct SharedStorageSt : StOperands<typename CacheTypes<Cache>::Mma, kRows> {
 // Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation.
 // MLA_FP8_Q_BY_MATH (default): the producer arrives on q_full once they have landed; the math threads
 // wait for it and read the staging bytes (convert_q_st_fp8) before they meet at kBarStQ, so o_x is
-// written only in merge_st after both. A CTA without tiles copies no Q, except with MLA_FP8_Q_FIRST
-// (copies at CTA entry), where its producer still arrives on q_full and its math threads wait for it
-// before the merge. MLA_FP8_Q_BY_MATH=0: every producer thread reads its staging bytes before it
+// written only in merge_st after both. A CTA without tiles copies no Q. MLA_FP8_Q_BY_MATH=0: every producer thread reads its staging bytes before it
 // arrives on q_full, and a CTA without any tile copies no Q.
 // Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
 // slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with

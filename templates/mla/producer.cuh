@@ -548,14 +548,12 @@ __device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs&
   for (int oc = ptid; oc < kChunks; oc += kProducerThreads) store_q_chunk(s, oc, load_q_pairs(s, oc));
 }
 
-// Q first, as produce_fp8 does (kQIssued: the kernel issued this thread's Q copies at its start,
-// MLA_Q_FIRST).
-template <int NUM_HEADS, int PAGE_SIZE, bool kQIssued, class Storage>
+// Q first, as produce_fp8 does.
+template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
-  static_assert(!kQIssued || MLA_FP8_Q_BY_MATH != 0, "Q issued early only where the math warpgroups round it");
-  if constexpr (!kQIssued) issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
+  issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
   if constexpr (MLA_FP8_Q_BY_MATH != 0) {
     // q_full completes when every producer thread's Q copies have landed (its only earlier cp.async
     // copies); the math warpgroups then round Q themselves (convert_q_st_fp8) while tiles stream in.
