@@ -110,7 +110,9 @@ class _Reader:
         explicit_tag = isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_TAGS
         if kind is int:
             if text is None or explicit_tag or node.style is not None or not re.fullmatch(r"0|[1-9][0-9]*", text):
-                self.fail(node, f"{what}: expected an integer, got {shown}")
+                self.fail(node, f"{what}: expected an integer, got {shown if len(shown) <= 40 else shown[:37] + '...'}")
+            if len(text) > 18:  # every field's bound is far below; int() itself refuses 4300+ digits
+                self.fail(node, f"{what}: expected an integer of at most 18 digits, got one of {len(text)} digits")
             return int(text)
         if kind is bool:
             if text is None or explicit_tag or node.style is not None or text not in ("true", "false", "True", "False"):
@@ -159,6 +161,8 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
     r = _Reader(path)
     try:
         root = yaml.compose(text)
+    except RecursionError:
+        raise ConfigError(path, None, "not valid YAML: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None

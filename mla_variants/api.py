@@ -204,6 +204,38 @@ def _check_no_overlap(arg: str, t: torch.Tensor) -> None:
         span = st * (n - 1) + span
 
 
+def _byte_span(t: torch.Tensor):
+    """[first, end) bytes that a strided tensor's elements can occupy (non-negative strides), or None when empty."""
+    if t.numel() == 0:
+        return None
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+    start = t.data_ptr()
+    return start, start + extent * t.element_size()
+
+
+def _check_disjoint(q, kv_cache, block_table, seq_lens, k_scale, outputs) -> None:
+    """Caller-provided outputs (name, tensor or None: out, lse, workspace) must not share memory with an
+    input or with each other: the kernel writes them while it reads the inputs, and the combine reads the
+    workspace while it writes out. Conservative, as torch's out= checks: byte ranges that overlap count,
+    whether or not an element is shared."""
+    inputs = list(q) if isinstance(q, (tuple, list)) else [q]
+    names = ["q_nope", "q_pe"] if isinstance(q, (tuple, list)) else ["q"]
+    spans = [(n, _byte_span(t)) for n, t in zip(names + ["kv_cache", "block_table", "seq_lens", "k_scale"],
+                                                 inputs + [kv_cache, block_table, seq_lens, k_scale])
+             if isinstance(t, torch.Tensor)]
+    for name, t in outputs:
+        if t is None:
+            continue
+        s = _byte_span(t)
+        if s is None:
+            continue
+        for other, o in spans:
+            if o is not None and s[0] < o[1] and o[0] < s[1]:
+                _fail(name, f"memory of its own, not overlapping {other}",
+                      f"bytes [{s[0]:#x}, {s[1]:#x}), overlapping {other}'s [{o[0]:#x}, {o[1]:#x})")
+        spans.append((name, s))
+
+
 class _Call:
     """A validated decode call, reduced to what the launcher needs: sizes, raw pointers and strides."""
 
@@ -363,7 +395,8 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
         c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
         _set_scale(c, kv_cache, k_scale)
         return c
-    except (TypeError, ValueError, AttributeError, IndexError):
+    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
+        # RuntimeError: torch's own, e.g. .stride() of a sparse-CSR or nested tensor; _validate names it.
         return None
 
 
@@ -540,7 +573,11 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         value; its value is not checked). A float is passed by value: a captured graph keeps the float
         it was captured with.
         Scores use q . (cache x k_scale) and the output sums p x (cache x k_scale); the tensor cores
-        run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling).
+        run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling, so
+        with an fp8 cache q must stay below 2^24 in magnitude: larger values overflow to inf and give
+        NaN/inf rows; q's values are not checked).
+      out, lse, workspace: when given, must not share memory with q, kv_cache, block_table, seq_lens,
+        k_scale or each other (MLAInputError otherwise).
     Returns:
       (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
 
@@ -552,9 +589,13 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                     or not 1 <= max_seq_len <= 2**31 - 1):
         _fail("max_seq_len", "None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens)", _shown(max_seq_len))
+    if debug is not False and debug is not True:
+        _fail("debug", "a bool", _shown(debug))
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
         _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
+    if out is not None or lse is not None or workspace is not None:
+        _check_disjoint(q, kv_cache, block_table, seq_lens, k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
     if c.out is None:
         c.out = torch.empty((c.batch, c.q_len, c.num_heads, KV_LORA_RANK), dtype=c.dtype, device=c.device)
     if c.lse is None:
@@ -620,8 +661,14 @@ def list_variants() -> list[tuple[int, int, str, bool]]:
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
     """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
     'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache variants; masked head
-    counts and head groups count as served). Raises MLAInputError for a dtype that is none of these,
-    LibraryNotBuiltError when nothing was built."""
+    counts and head groups count as served). Raises MLAInputError for num_heads or page_size that is not
+    an int from 1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none
+    of these; LibraryNotBuiltError when nothing was built."""
+    for name, v in (("num_heads", num_heads), ("page_size", page_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20:
+            _fail(name, "an int from 1 to 2**20", _shown(v))
+    if not isinstance(split, bool):
+        _fail("split", "a bool", _shown(split))
     key = _KEY_OF.get(dtype, dtype) if isinstance(dtype, (torch.dtype, str)) else None
     if key not in _KEY_OF.values():
         _fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", _shown(dtype))

@@ -15,13 +15,22 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 FP8_NAN_BYTE = 0x7F
 
 
+# fp32's normal range: the scale is applied in fp32, where a smaller value is a subnormal or 0 and a
+# larger one overflows (the same bounds as mla_decode's k_scale, less its 2^-8 q prescale margin).
+_SCALE_MIN = torch.finfo(torch.float32).tiny   # 1.18e-38
+_SCALE_MAX = torch.finfo(torch.float32).max    # 3.4e38
+
+
 def _check_scale(k_scale) -> float:
+    if isinstance(k_scale, (bool, str, bytes)):
+        raise ValueError(f"k_scale: expected a positive finite float or a 1-element tensor, got {k_scale!r}")
     try:
         scale = float(k_scale)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         raise ValueError(f"k_scale: expected a positive finite float or a 1-element tensor, got {k_scale!r}") from None
-    if not 0.0 < scale < float("inf"):
-        raise ValueError(f"k_scale: expected a positive finite float, got {scale!r}")
+    if not _SCALE_MIN <= scale <= _SCALE_MAX:
+        raise ValueError(f"k_scale: expected a positive float in fp32's normal range [{_SCALE_MIN:.3g}, "
+                         f"{_SCALE_MAX:.3g}] (it is applied in fp32), got {scale!r}")
     return scale
 
 
@@ -56,6 +65,9 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
     fp8 cache, or a k_scale given for a bf16/fp16 cache."""
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != 576:
         raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 576], got {tuple(kv_cache.shape)}")
+    if kv_cache.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
+        raise ValueError(f"kv_cache: expected dtype bf16, fp16 or {FP8_DTYPE} (the caches mla_decode reads), "
+                         f"got {kv_cache.dtype}")
     if new_kv.dim() != 2 or new_kv.shape[-1] != 576:
         raise ValueError(f"new_kv: expected shape [num_tokens, 576], got {tuple(new_kv.shape)}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != new_kv.shape[0] or slot_mapping.dtype not in (torch.int32, torch.int64):
@@ -81,10 +93,21 @@ def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_si
     """Flat slots of token `positions[b]` of each request b: block_table[b, pos // page_size] * page_size
     + pos % page_size, as int64 [batch]; positions < 0 map to -1 (skipped by write_kv_cache).
     block_table: [batch, max_pages] int32; positions: [batch] int. Raises RuntimeError (torch's index
-    error) for a position past the table's width, ValueError for positions of another shape."""
+    error) for a position past the table's width, ValueError for positions of another shape or for a
+    position whose page entry is negative (an unallocated page: its token would otherwise be dropped)."""
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table: expected shape [batch, max_pages], got {tuple(block_table.shape)}")
     if positions.dim() != 1 or positions.shape[0] != block_table.shape[0]:
         raise ValueError(f"positions: expected shape [batch={block_table.shape[0]}] (one per block_table row), "
                          f"got {tuple(positions.shape)}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size: expected an int >= 1, got {page_size!r}")
     pos = positions.long()
-    page = block_table.gather(1, (pos.clamp_min(0) // page_size)[:, None]).squeeze(1).long()
+    col = pos.clamp_min(0) // page_size
+    page = block_table.gather(1, col[:, None]).squeeze(1).long()
+    unallocated = (pos >= 0) & (page < 0)
+    if bool(unallocated.any()):
+        b = int(unallocated.nonzero()[0, 0])
+        raise ValueError(f"block_table: expected a page id >= 0 for position {int(pos[b])} of request {b}, "
+                         f"got block_table[{b}, {int(col[b])}] = {int(page[b])} (an unallocated page)")
     return torch.where(pos >= 0, page * page_size + pos.clamp_min(0) % page_size, torch.full_like(pos, -1))

@@ -21,12 +21,31 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     cache of DeepSeek-V2, arXiv:2405.04434).
     Raises ValueError where the kernel would give NaN rows instead (a seq_len below 0 or beyond
     max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
-    does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache.
+    does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache, a softmax_scale
+    that is not a finite positive number, or shapes and dtypes of q, kv_cache, block_table and seq_lens
+    that do not fit together (integer block_table and seq_lens, one seq_len per request).
     """
     if k_scale is not None and kv_cache.dtype != FP8_DTYPE:
         raise ValueError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")
+    if kv_cache.dtype == FP8_DTYPE and k_scale is None:
+        raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
     if isinstance(q, (tuple, list)):
         q = torch.cat([q[0], q[1]], dim=-1)
+    if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != kv_cache.shape[-1]:
+        raise ValueError(f"q/kv_cache: expected q [batch, q_len, num_heads, D] and kv_cache [num_pages, page_size, D], "
+                         f"got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.is_floating_point():
+        raise ValueError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
+                         f"got {block_table.dtype} {tuple(block_table.shape)}")
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or seq_lens.is_floating_point():
+        raise ValueError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
+                         f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    try:
+        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) < float("inf")
+    except (TypeError, ValueError, OverflowError):
+        scale_ok = False
+    if not scale_ok:
+        raise ValueError(f"softmax_scale: expected a finite positive number, got {softmax_scale!r}")
     batch, q_len, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
     out = torch.zeros(batch, q_len, num_heads, KV_LORA_RANK, dtype=dtype, device=q.device)

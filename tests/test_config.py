@@ -92,6 +92,18 @@ def test_odd_yaml_is_a_config_error(old, new, words):
     assert words in str(e.value) and e.value.line is not None, str(e.value)
 
 
+def test_huge_integers_and_deep_nesting_are_config_errors():
+    """A 5000-digit head count (int() refuses 4300+ digits with a ValueError) and 10000 nested lists
+    (a RecursionError inside yaml) are config errors like any other, not tracebacks."""
+    text = GOOD.replace("  num_heads: [16, 128]", "  num_heads: [" + "9" * 5000 + "]", 1)
+    assert text != GOOD
+    with pytest.raises(ConfigError, match="expected an integer of at most 18 digits, got one of 5000 digits") as e:
+        parse_config(text, "v.yaml")
+    assert e.value.line is not None
+    with pytest.raises(ConfigError, match="v.yaml: not valid YAML: nested too deeply"):
+        parse_config("[" * 10000, "v.yaml")
+
+
 def test_invalid_yaml_and_empty_and_missing_file(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"v.yaml:3: not valid YAML"):
         parse_config("dims:\n  a: [1\n  b: 2\n", "v.yaml")

@@ -23,7 +23,7 @@ def test_saturates_instead_of_nan_and_nan_byte():
     assert torch.isnan(torch.tensor([FP8_NAN_BYTE], dtype=torch.uint8).view(FP8_DTYPE).float()).all()
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "x"])
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "x", "2", True, 1e-300, 1e300])
 def test_bad_scale(bad):
     with pytest.raises(ValueError, match="k_scale"):
         quantize_kv(torch.ones(3), bad)
@@ -51,7 +51,9 @@ def test_write_kv_cache_appends_through_the_slot_mapping():
     with pytest.raises(ValueError, match="new_kv: expected shape"):
         write_kv_cache(cache, torch.tensor([0]), torch.zeros(1, 512), k_scale=1.0)
     with pytest.raises(ValueError, match="k_scale: only for a float8_e4m3fn cache"):
-        write_kv_cache(case.kv_cache, torch.tensor([0]), torch.zeros(1, 576), k_scale=1.0)
+        write_kv_cache(case.kv_cache.to(torch.bfloat16), torch.tensor([0]), torch.zeros(1, 576), k_scale=1.0)
+    with pytest.raises(ValueError, match="kv_cache: expected dtype bf16, fp16 or torch.float8_e4m3fn"):
+        write_kv_cache(case.kv_cache, torch.tensor([0]), torch.zeros(1, 576))  # fp32: no kernel reads it
     with pytest.raises(ValueError, match="k_scale: required"):
         mla_decode_reference(case.q, cache, case.block_table, case.seq_lens, case.softmax_scale)
 
@@ -108,6 +110,30 @@ def test_positions_must_match_the_block_table_rows():
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
     with pytest.raises(ValueError, match=r"positions: expected shape \[batch=2\] \(one per block_table row\), got \(1,\)"):
         slot_mapping_for(table, torch.tensor([0]), 16)
+
+
+def test_an_unallocated_page_is_named_not_dropped():
+    """A position >= 0 whose block_table entry is negative (-1: no page allocated) would give a negative
+    slot, which write_kv_cache skips as padding: the token would be lost without a word."""
+    table = torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_table: expected a page id >= 0 for position 20 of request 0, "
+                                         r"got block_table\[0, 1\] = -1"):
+        slot_mapping_for(table, torch.tensor([20, 5]), 16)
+    assert slot_mapping_for(table, torch.tensor([-1, 5]), 16).tolist() == [-1, 37]  # padding stays -1
+    with pytest.raises(ValueError, match="page_size: expected an int >= 1"):
+        slot_mapping_for(table, torch.tensor([1, 5]), 0)
+
+
+def test_is_supported_checks_its_numbers():
+    """Unbounded num_heads once planned one launch per 128 heads (10**8 heads: seconds and 400 MB)."""
+    from mla_variants import MLAInputError, is_supported
+    for bad in (10**8, 0, 16.0, True):
+        with pytest.raises(MLAInputError, match="num_heads: expected an int from 1 to 2\\*\\*20"):
+            is_supported(bad, 64, "bf16")
+    with pytest.raises(MLAInputError, match="page_size: expected an int from 1 to 2\\*\\*20"):
+        is_supported(16, 64.0, "bf16")
+    with pytest.raises(MLAInputError, match="split: expected a bool"):
+        is_supported(16, 64, "bf16", split="no")
 
 
 def test_is_supported_names_an_unknown_dtype():

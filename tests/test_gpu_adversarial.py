@@ -146,6 +146,64 @@ def test_self_overlapping_outputs_are_rejected():
         mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, lse=bad_lse)
 
 
+def test_outputs_sharing_memory_with_inputs_are_rejected():
+    """out, lse or workspace overlapping q, the cache or each other would be written while read (the
+    combine reads the workspace while it writes out): an MLAInputError naming the output, through
+    mla_decode and MLADecodePlan alike. Disjoint views of one buffer stay legal."""
+    from mla_variants import MLADecodePlan
+    h, p, d, split = _pick(split=True)
+    case = make_paged_case([700, 3], h, p, 1, DT[d], generator=torch.Generator().manual_seed(8))
+    b, ql, hh = case.q.shape[:3]
+    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q"):
+        mla_decode(*args, out=case.q[..., :512])
+    q_nope, q_pe = case.q[..., :512], case.q[..., 512:]
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q_nope"):
+        mla_decode((q_nope, q_pe), *args[1:], out=q_nope)
+    flat = case.kv_cache.view(-1)
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping kv_cache"):
+        mla_decode(*args, out=flat[: b * ql * hh * 512].view(b, ql, hh, 512))
+    buf = torch.empty(1 << 24, dtype=torch.uint8, device="cuda")
+    out = buf[: b * ql * hh * 512 * 2].view(case.q.dtype).view(b, ql, hh, 512)
+    with pytest.raises(MLAInputError, match="workspace: expected memory of its own, not overlapping out"):
+        mla_decode(*args, num_kv_splits=2, out=out, workspace=buf)
+    lse = torch.empty((b, hh, ql), device="cuda")
+    with pytest.raises(MLAInputError, match="lse: expected memory of its own, not overlapping out"):
+        mla_decode(*args, out=out, lse=out.view(-1)[: b * hh * ql * 2].view(torch.float32).view(b, hh, ql))
+    # Disjoint views of one buffer: out in its first bytes, the workspace after them.
+    ws = buf[(out.numel() * 2 + 255) // 256 * 256:]
+    res, res_lse = mla_decode(*args, num_kv_splits=2, out=out, lse=lse, workspace=ws)
+    _check(res, res_lse, *_ref(case), what="disjoint views of one buffer")
+    plan = MLADecodePlan(max_batch=b, num_heads=hh, page_size=p, q_len=ql, dtype=DT[d])
+    with pytest.raises(MLAInputError, match="out"):
+        plan.run(*args, out=case.q[..., :512], lse=lse)
+
+
+def test_empty_request_ignores_its_q():
+    """A request with seq_len 0 gets out 0 and lse -inf whatever its q holds (a CUDA-graph padding row's
+    q may be stale memory, NaN or inf): every 16-bit path (8-32 heads transposed, 64-128 heads 64-row,
+    split and not) with NaN, +inf and -inf q in 20 empty requests beside two long ones."""
+    keys = sorted({(k[0], k[3]) for k in _binding.library().table if k[2] == "bf16" and k[1] == 64})
+    if not keys:
+        pytest.skip("no compiled bf16 page-64 variant")
+    for heads, split in keys:
+        g = torch.Generator().manual_seed(779 + heads)
+        lens = [0] * 20 + [3000, 1]
+        empty = [i for i, n in enumerate(lens) if n == 0]
+        case = make_paged_case(lens, heads, 64, 1, torch.bfloat16, generator=g)
+        ref = _ref(case)
+        for j, b in enumerate(empty):
+            case.q[b] = (float("nan"), float("inf"), float("-inf"))[j % 3]
+        for n in ([1, 2] if split else [1]):
+            out, lse = _nan_out(case)
+            mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                       num_kv_splits=n, out=out, lse=lse)
+            torch.cuda.synchronize()
+            assert torch.equal(out[empty].float(), torch.zeros_like(out[empty].float())), f"h{heads} splits={n}"
+            assert torch.isneginf(lse[empty]).all(), f"h{heads} splits={n}"
+            _check(out, lse, *ref, what=f"h{heads} splits={n}")
+
+
 def test_max_seq_len_wrong_type_is_an_input_error():
     """A max_seq_len of the wrong type is an MLAInputError on real GPU tensors too (a str once gave
     TypeError, nan ValueError and inf OverflowError from inside the split heuristic)."""

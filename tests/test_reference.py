@@ -78,6 +78,26 @@ def test_reference_rejects_what_it_cannot_read():
         mla_decode_reference(case.q, case.kv_cache, table, case.seq_lens, 0.1)
 
 
+def test_reference_checks_its_arguments():
+    """The reference refuses what mla_decode refuses instead of computing NaN or indexing past a list."""
+    case = make_paged_case([20, 5], 1, 16, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(4))
+    args = [case.q, case.kv_cache, case.block_table, case.seq_lens, 0.1]
+    for i, bad, words in ((4, float("nan"), "softmax_scale: expected a finite positive number"),
+                          (4, -1.0, "softmax_scale"), (4, True, "softmax_scale"),
+                          (3, case.seq_lens[:1], r"seq_lens: expected an integer tensor of shape \[batch=2\]"),
+                          (3, case.seq_lens.float(), "seq_lens: expected an integer tensor"),
+                          (2, case.block_table[0], "block_table: expected an integer tensor of shape"),
+                          (2, case.block_table.float(), "block_table: expected an integer tensor"),
+                          (1, case.kv_cache[..., :512], "q/kv_cache: expected q")):
+        a = list(args)
+        a[i] = bad
+        with pytest.raises(ValueError, match=words):
+            mla_decode_reference(*a)
+    fp8 = case.kv_cache.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="k_scale: required"):
+        mla_decode_reference(case.q, fp8, case.block_table, torch.zeros(2, dtype=torch.int32), 0.1)
+
+
 def test_poisoning_covers_unused_slots():
     case = make_paged_case([3, 17], 1, 8, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(2))
     used = 0

@@ -54,6 +54,48 @@ def test_input_errors(over, words):
     assert words in _err(**over)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nested_and_sparse_csr_q_are_named():
+    """torch raises RuntimeError for .stride() of these layouts; the fast check must hand them on."""
+    nested = torch.nested.nested_tensor([torch.zeros(1, 16, 576, dtype=torch.bfloat16)] * 2)
+    csr = torch.zeros(2, 1, 16, 576).to_sparse_csr().to(torch.bfloat16)
+    for q in (nested, csr, (nested, nested)):
+        a = _args(q=q)
+        with pytest.raises(MLAInputError, match="expected a dense"):
+            mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"])
+
+
+def test_outputs_must_not_share_memory_with_inputs():
+    """_check_disjoint (mla_decode and MLADecodePlan run it on caller-provided out, lse and workspace):
+    byte ranges that overlap an input or an earlier output are refused, views of one buffer that do not
+    overlap are not. CPU tensors: only data pointers and strides are read."""
+    from mla_variants.api import _check_disjoint
+    q = torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(10, 64, 576, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q, got bytes"):
+        _check_disjoint(q, kv, bt, sl, None, (("out", q[..., :512]),))
+    q_nope, q_pe = torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(2, 1, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q_pe"):
+        _check_disjoint((q_nope, q_pe), kv, bt, sl, None, (("out", q_pe[1]),))
+    with pytest.raises(MLAInputError, match="lse: expected memory of its own, not overlapping seq_lens"):
+        _check_disjoint(q, kv, bt, sl, None, (("lse", sl.view(torch.float32)),))
+    buf = torch.zeros(1 << 20, dtype=torch.uint8)
+    out = buf[: 2 * 16 * 512 * 2].view(torch.bfloat16).view(2, 1, 16, 512)
+    with pytest.raises(MLAInputError, match="workspace: expected memory of its own, not overlapping out"):
+        _check_disjoint(q, kv, bt, sl, None, (("out", out), ("lse", None), ("workspace", buf)))
+    _check_disjoint(q, kv, bt, sl, None, (("out", out), ("workspace", buf[out.numel() * 2:])))  # disjoint: fine
+    _check_disjoint(q, kv, bt, sl, None, (("out", torch.empty(0)),))  # empty: nothing to overlap
+
+
+def test_debug_must_be_a_bool():
+    """debug="no" once turned the checks (and their synchronization) on."""
+    a = _args()
+    for bad in ("no", 1, None):
+        with pytest.raises(MLAInputError, match="debug: expected a bool"):
+            mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], debug=bad)
+
+
 def test_kv_cache_on_another_device_is_named():
     meta = torch.zeros(10, 64, 576, dtype=torch.bfloat16, device="meta")
     assert "kv_cache: expected a tensor on cpu (where q is), got meta" in _err(kv_cache=meta)
