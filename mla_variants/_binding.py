@@ -63,6 +63,11 @@ def read_dispatch_table(gen_dir: Path):
     INPUTS_HASH), without loading the library. Raises LibraryNotBuiltError if there is none."""
     table = gen_dir / "dispatch.py"
     if not table.is_file():
+        if os.environ.get("MLA_VARIANTS_GENERATED"):  # a folder the caller chose: build into it
+            raise LibraryNotBuiltError(
+                f"no dispatch table at {table} (MLA_VARIANTS_GENERATED): build into that folder with "
+                f"`mla-variants build --generated-dir {gen_dir}` (and a --build-dir of your choice), or unset "
+                f"MLA_VARIANTS_GENERATED to use the repository's generated/")
         raise LibraryNotBuiltError(
             f"no dispatch table at {table}: build the kernels first with `mla-variants build` "
             f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")

@@ -23,12 +23,18 @@ GPU_SKIP = _gpu_reason()
 
 
 def pytest_collection_modifyitems(config, items):
-    if GPU_SKIP is None:
-        return
-    skip = pytest.mark.skip(reason=GPU_SKIP)
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if GPU_SKIP is not None and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=GPU_SKIP), append=False)  # the first skip mark is the reason shown
+            continue
+        # A GPU test parametrized over the build's variants of some kind gets pytest's bare "got empty
+        # parameter set" when the build has none: say which build that is.
+        for mark in item.iter_markers("skip"):
+            if str(mark.kwargs.get("reason", "")).startswith("got empty parameter set"):
+                item.add_marker(pytest.mark.skip(
+                    reason=f"{item.originalname}: the build has no variant of the kind this test is parametrized over "
+                           f"(a subset build, or none; `mla-variants build` builds them all)"), append=False)
+                break
 
 
 def _built_table() -> dict | None:
