@@ -205,35 +205,50 @@ def _check_no_overlap(arg: str, t: torch.Tensor) -> None:
 
 
 def _byte_span(t: torch.Tensor):
-    """[first, end) bytes that a strided tensor's elements can occupy (non-negative strides), or None when empty."""
+    """(first, end) bytes that a strided tensor's elements can occupy (non-negative strides), or None when empty."""
+    p = t.data_ptr()
+    if t.is_contiguous():
+        n = t.nbytes
+        return (p, p + n) if n else None
     if t.numel() == 0:
         return None
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
-    start = t.data_ptr()
-    return start, start + extent * t.element_size()
+    extent = 1
+    for n, st in zip(t.shape, t.stride()):
+        if n > 1:
+            extent += (n - 1) * st
+    return p, p + extent * t.element_size()
 
 
-def _check_disjoint(q, kv_cache, block_table, seq_lens, k_scale, outputs) -> None:
+def _check_disjoint(c: "_Call", q_pair: bool, k_scale, outputs) -> None:
     """Caller-provided outputs (name, tensor or None: out, lse, workspace) must not share memory with an
     input or with each other: the kernel writes them while it reads the inputs, and the combine reads the
     workspace while it writes out. Conservative, as torch's out= checks: byte ranges that overlap count,
-    whether or not an element is shared."""
-    inputs = list(q) if isinstance(q, (tuple, list)) else [q]
-    names = ["q_nope", "q_pe"] if isinstance(q, (tuple, list)) else ["q"]
-    spans = [(n, _byte_span(t)) for n, t in zip(names + ["kv_cache", "block_table", "seq_lens", "k_scale"],
-                                                 inputs + [kv_cache, block_table, seq_lens, k_scale])
-             if isinstance(t, torch.Tensor)]
+    whether or not an element is shared. The inputs' ranges come from the validated call's pointers,
+    shapes and strides (a few integer operations: this runs on every MLADecodePlan.run)."""
+    if c.batch == 0:
+        return
+    b1, l1, h1 = c.batch - 1, c.q_len - 1, c.num_heads - 1
+    qn, qp, kv = c.qn_st, c.qp_st, c.kv_st
+    kv_elem = 1 if c.kv_cache.dtype is FP8_DTYPE else 2
+    spans = [("q_nope" if q_pair else "q", c.qn_ptr, c.qn_ptr + 2 * (b1 * qn[0] + l1 * qn[1] + h1 * qn[2] + KV_LORA_RANK)),
+             ("q_pe" if q_pair else "q", c.qp_ptr, c.qp_ptr + 2 * (b1 * qp[0] + l1 * qp[1] + h1 * qp[2] + QK_ROPE_HEAD_DIM)),
+             ("kv_cache", c.kv_ptr,
+              c.kv_ptr + kv_elem * ((c.kv_cache.shape[0] - 1) * kv[0] + (c.page_size - 1) * kv[1] + HEAD_DIM)),
+             ("block_table", c.bt_ptr, c.bt_ptr + 4 * (b1 * c.bt_st + c.max_pages)),
+             ("seq_lens", c.sl_ptr, c.sl_ptr + 4 * c.batch)]
+    if isinstance(k_scale, torch.Tensor):
+        spans.append(("k_scale", k_scale.data_ptr(), k_scale.data_ptr() + 4))
     for name, t in outputs:
         if t is None:
             continue
         s = _byte_span(t)
         if s is None:
             continue
-        for other, o in spans:
-            if o is not None and s[0] < o[1] and o[0] < s[1]:
+        for other, lo, hi in spans:
+            if s[0] < hi and lo < s[1]:
                 _fail(name, f"memory of its own, not overlapping {other}",
-                      f"bytes [{s[0]:#x}, {s[1]:#x}), overlapping {other}'s [{o[0]:#x}, {o[1]:#x})")
-        spans.append((name, s))
+                      f"bytes [{s[0]:#x}, {s[1]:#x}), overlapping {other}'s [{lo:#x}, {hi:#x})")
+        spans.append((name, s[0], s[1]))
 
 
 class _Call:
@@ -595,7 +610,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
         _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
     if out is not None or lse is not None or workspace is not None:
-        _check_disjoint(q, kv_cache, block_table, seq_lens, k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
+        _check_disjoint(c, type(q) is not torch.Tensor, k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
     if c.out is None:
         c.out = torch.empty((c.batch, c.q_len, c.num_heads, KV_LORA_RANK), dtype=c.dtype, device=c.device)
     if c.lse is None:

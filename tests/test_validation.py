@@ -68,24 +68,38 @@ def test_nested_and_sparse_csr_q_are_named():
 def test_outputs_must_not_share_memory_with_inputs():
     """_check_disjoint (mla_decode and MLADecodePlan run it on caller-provided out, lse and workspace):
     byte ranges that overlap an input or an earlier output are refused, views of one buffer that do not
-    overlap are not. CPU tensors: only data pointers and strides are read."""
-    from mla_variants.api import _check_disjoint
+    overlap are not. CPU tensors: only data pointers, shapes and strides are read."""
+    from mla_variants.api import _Call, _check_disjoint, _fill
     q = torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)
-    kv = torch.zeros(10, 64, 576, dtype=torch.bfloat16)
+    kv_buf = torch.zeros(10 * 64 * 576 + 64, dtype=torch.bfloat16)  # the cache, then 64 values of something else
+    kv = kv_buf[: 10 * 64 * 576].view(10, 64, 576)
     bt, sl = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+
+    def call(q_nope, q_pe):
+        return _fill(_Call(), q_nope, q_pe, kv, bt, sl, 0.1, None, None, 0)
+
+    c = call(q[..., :512], q[..., 512:])
     with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q, got bytes"):
-        _check_disjoint(q, kv, bt, sl, None, (("out", q[..., :512]),))
+        _check_disjoint(c, False, None, (("out", q[..., :512]),))
     q_nope, q_pe = torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(2, 1, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q_pe"):
-        _check_disjoint((q_nope, q_pe), kv, bt, sl, None, (("out", q_pe[1]),))
+        _check_disjoint(call(q_nope, q_pe), True, None, (("out", q_pe[1]),))
     with pytest.raises(MLAInputError, match="lse: expected memory of its own, not overlapping seq_lens"):
-        _check_disjoint(q, kv, bt, sl, None, (("lse", sl.view(torch.float32)),))
+        _check_disjoint(c, False, None, (("lse", sl.view(torch.float32)),))
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping kv_cache"):
+        _check_disjoint(c, False, None, (("out", kv_buf[10 * 64 * 576 - 1:]),))  # from the cache's last value on
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping block_table"):
+        _check_disjoint(c, False, None, (("out", bt[1, 3:]),))
+    scale = torch.ones(1)
+    with pytest.raises(MLAInputError, match="lse: expected memory of its own, not overlapping k_scale"):
+        _check_disjoint(c, False, scale, (("lse", scale),))
     buf = torch.zeros(1 << 20, dtype=torch.uint8)
     out = buf[: 2 * 16 * 512 * 2].view(torch.bfloat16).view(2, 1, 16, 512)
     with pytest.raises(MLAInputError, match="workspace: expected memory of its own, not overlapping out"):
-        _check_disjoint(q, kv, bt, sl, None, (("out", out), ("lse", None), ("workspace", buf)))
-    _check_disjoint(q, kv, bt, sl, None, (("out", out), ("workspace", buf[out.numel() * 2:])))  # disjoint: fine
-    _check_disjoint(q, kv, bt, sl, None, (("out", torch.empty(0)),))  # empty: nothing to overlap
+        _check_disjoint(c, False, None, (("out", out), ("lse", None), ("workspace", buf)))
+    _check_disjoint(c, False, None, (("out", out), ("workspace", buf[out.numel() * 2:])))  # disjoint: fine
+    _check_disjoint(c, False, None, (("out", torch.empty(0)), ("lse", q.new_empty(5)[5:])))  # empty: nothing to overlap
+    _check_disjoint(c, False, None, (("out", kv_buf[10 * 64 * 576:]),))  # just past the cache: fine
 
 
 def test_debug_must_be_a_bool():
