@@ -60,13 +60,18 @@ def cmd_list(args) -> int:
     if mod is None:
         print(f"no dispatch table in {args.generated_dir}: run `mla-variants build` first", file=sys.stderr)
         return 1
-    usage_path = Path(args.build_dir) / "resource_usage.json"
-    usage = json.loads(usage_path.read_text()) if usage_path.exists() else {}
+    # The registers come from the build that made the table's library (its folder), else --build-dir.
+    library = (Path(args.generated_dir) / mod.LIBRARY).resolve()
+    usage = {}
+    for usage_path in (library.parent / "resource_usage.json", Path(args.build_dir) / "resource_usage.json"):
+        if usage_path.exists():
+            usage = json.loads(usage_path.read_text())
+            break
     print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>8} {'split':>5}  {'registers':>9}  launcher")
     for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
         regs = usage.get(name, {}).get("registers", "?")
         print(f"{h:>9} {p:>9} {d:>8} {str(s).lower():>5}  {regs:>9}  {name}")
-    print(f"{len(mod.VARIANTS)} variants, library {(Path(args.generated_dir) / mod.LIBRARY).resolve()}")
+    print(f"{len(mod.VARIANTS)} variants, library {library}")
     return 0
 
 

@@ -96,6 +96,12 @@ def test_list_prints_the_dispatch_table(ci_build):
     assert p.returncode == 0, p.stderr
     assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h16_p64_fp8_e4m3_nosplit" in p.stdout
     assert "12 variants" in p.stdout
+    # Without --build-dir the registers still come from the table's own library folder, not from build/.
+    p = _cli("list", "--generated-dir", str(gen))
+    assert p.returncode == 0, p.stderr
+    regs = json.loads((bld / "resource_usage.json").read_text())["mla_decode_h16_p64_bf16_split"]["registers"]
+    row = next(line for line in p.stdout.splitlines() if line.endswith("mla_decode_h16_p64_bf16_split"))
+    assert f" {regs} " in row and "?" not in row, row
 
 
 def test_cli_reports_config_errors(tmp_path):
