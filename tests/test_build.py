@@ -189,11 +189,6 @@ _SWITCH_BUILDS = {
     "fp8-no-tma": ("-DMLA_FP8_TMA=0", ["mla_decode_h128_p64_fp8_e4m3_split", "mla_decode_h64_p128_fp8_e4m3_nosplit"]),
     # The math warps' proxy fence after every KV slot wait, off by default since v3.20 (the control).
     "kv-reader-fence": ("-DMLA_KV_READER_FENCE=1", ["mla_decode_h128_p1_bf16_split"]),
-    # The fp8 register path's Q rounded by the producer after its tile-0 copies (MLA_FP8_Q_BY_MATH=0,
-    # the control of v3.25's A/B; by default the math warpgroups round it).
-    # With the row scale worked out once (MLA_ST_ROW_OUT_ONCE, default), the producer-rounding build of
-    # the three-warpgroup fp8 kernel spills 4 bytes, so its control goes with MLA_ST_ROW_OUT_ONCE=0.
-    "fp8-q-by-producer": ("-DMLA_FP8_Q_BY_MATH=0 -DMLA_ST_ROW_OUT_ONCE=0", ["mla_decode_h16_p64_fp8_e4m3_split", "mla_decode_h32_p1_fp8_e4m3_nosplit"]),
     # The controls of v3.26's switches: merge_st adds every warpgroup's O^T (MLA_MERGE_SKIP_IDLE=0) and
     # the fp8 register path's store works out each row's scale in every pass (MLA_ST_ROW_OUT_ONCE=0).
     "s26-controls": ("-DMLA_MERGE_SKIP_IDLE=0 -DMLA_ST_ROW_OUT_ONCE=0",
@@ -222,7 +217,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     """The kernel switches (MLA_Q_FIRST, on by default since v3.13: Q copies before the seq_lens load;
     MLA_TRACE: the per-CTA phase trace of benchmarks/trace.py; MLA_PARTIAL_16 0 and 2: fp32 partial
     outputs everywhere, 16-bit everywhere (the default, 1, picks by head count); MLA_FP8_TMA=0, the fp8
-    cp.async-only control; MLA_FP8_Q_BY_MATH=0, fp8 Q rounded by the producer; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
+    cp.async-only control; MLA_KV_READER_FENCE=1, the fenced control; the MLA_FP8_PROBE_NO_WIDEN timing probe; the fp8 short-split kernel under the trace, and
     MLA_FP8_SHORT_SPLIT_KEYS=0 without it) must keep compiling, without spills (_SWITCH_BUILDS)."""
     import os
     flags, names = _SWITCH_BUILDS[build]

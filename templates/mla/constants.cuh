@@ -72,16 +72,9 @@
 #define MLA_FP8_ST_WGS 3
 #endif
 
-// MLA_FP8_Q_BY_MATH (default 1): on the transposed fp8 register path, Q's bf16 rows land in o_x by
-// cp.async and the math warpgroups (256 or 384 threads, idle until then) round them into the permuted
-// fp16 Q tile (consumer_st_regs.cuh convert_q_st_fp8); 0: the 128 producer threads do it (producer.cuh
-// load_q_permuted), after their tile-0 copies are issued, and arrive on q_full. The trace at batch 1
-// (docs/perf-notes.md v3.25) put the fp8 CTA's Q phase at 3.0-3.8 us against bf16's 1.2-1.5, hot or cold.
-#ifndef MLA_FP8_Q_BY_MATH
-#define MLA_FP8_Q_BY_MATH 1
-#endif
-// (Q's copies at CTA entry on this path as well, v3.25-v3.26's MLA_FP8_Q_FIRST: 1.025 in v3.25 but a
-// race on CTAs without tiles, 0.998 in v3.26 once fixed; removed, perf-notes v3.26.)
+// (On the transposed fp8 register path the math warpgroups round Q, consumer_st_regs.cuh convert_q_st_fp8;
+// v3.25-v3.26's MLA_FP8_Q_BY_MATH=0, the producer rounding it, and MLA_FP8_Q_FIRST, Q's copies at CTA
+// entry, measured 0.991x and 0.998x of it and are removed: docs/perf-notes.md v3.25, v3.26.)
 // MLA_ST_ROW_OUT_ONCE (default 1): on the fp8 register path, whose merge
 // has no registers to spare for the rows' output scale and lse (kRowOutInMerge), store_rows_st_to works
 // them out once per row (one thread a row, into s.row_out, then a barrier) instead of in each of its

@@ -46,11 +46,11 @@ namespace mla {
 using namespace cute;
 
 // Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 7 the fp8 copy warps', 8
-// the fp8 widening's, 13 the producer's (producer.cuh kBarProducer: the fp8 register path with
-// MLA_FP8_Q_BY_MATH=0), 14 the math warpgroups' fp8 Q rounding (kBarStQ).
+// the fp8 widening's, 13 the producer's (producer.cuh kBarProducer), 14 the math warpgroups' fp8 Q
+// rounding (kBarStQ).
 constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
 constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-constexpr int kBarStQ = 14;      // all math warpgroups: Q rounded to fp16 (fp8, MLA_FP8_Q_BY_MATH)
+constexpr int kBarStQ = 14;      // all math warpgroups: Q rounded to fp16 (fp8, convert_q_st_fp8)
 // Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
 

@@ -63,7 +63,7 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[kN][4]) {
   }
 }
 
-// MLA_FP8_Q_BY_MATH: the math warpgroups round Q into the fp16 tile once its bf16 rows have landed in
+// The math warpgroups round Q into the fp16 tile once its bf16 rows have landed in
 // o_x (q_full: every producer thread's Q copies), each thread ceil(chunks / math threads) chunks with all
 // of its loads issued before any store; then each fences its stores for wgmma and all meet at kBarStQ.
 // Every math thread of a CTA with tiles calls it (warpgroups that get no tile included), before
@@ -129,7 +129,7 @@ __device__ __forceinline__ void consume_st_regs(Storage& s, const StContext<kRow
   const int v_row[2] = {2 * tq + (tq & 1), 2 * tq + 1 - (tq & 1)};
   const int v_off[2] = {raw_offset(v_row[0], v_chunk), raw_offset(v_row[1], v_chunk)};  // + 16 k rows: + 1024 k bytes
 
-  if constexpr (MLA_FP8_Q_BY_MATH == 0) wait_barrier(&s.q_full, 0);  // else convert_q_st_fp8 waited
+  // Q: convert_q_st_fp8 waited for q_full and the math warpgroups met after rounding it.
   for (int t = wg; t < c.num_tiles; t += Storage::kMathWgs) {
     // Tile t in stage t % kRing, the (t / kRing)-th fill of that stage (as the producer counts). With
     // two warpgroups a warpgroup alternates between two stages; with three, the stages rotate. Waiting

@@ -851,7 +851,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
       l_run[j] = 0.f;
     }
     __syncwarp();
-    if constexpr (Storage::kRegWiden && MLA_FP8_Q_BY_MATH != 0) {
+    if constexpr (Storage::kRegWiden) {
       if (num_tiles > 0) convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows
     }
     // O^T: all 512 latent rows.

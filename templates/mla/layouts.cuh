@@ -189,11 +189,10 @@ struct SharedStorageSt : StOperands<typename CacheTypes<Cache>::Mma, kRows> {
 // warpgroups (the stages rotate). Q is
 // fp16 in the transposed path's layout but with its 576 values permuted within each 64-value block
 // (producer.cuh st_q_dim), the order in which a thread's register fragment of K holds them.
-// Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation.
-// MLA_FP8_Q_BY_MATH (default): the producer arrives on q_full once they have landed; the math threads
-// wait for it and read the staging bytes (convert_q_st_fp8) before they meet at kBarStQ, so o_x is
-// written only in merge_st after both. A CTA without tiles copies no Q. MLA_FP8_Q_BY_MATH=0: every producer thread reads its staging bytes before it
-// arrives on q_full, and a CTA without any tile copies no Q.
+// Before the first tile o_x stages Q's bf16 rows (row-major, 1152 bytes a row) for that permutation:
+// the producer arrives on q_full once they have landed, and the math threads wait for it and read the
+// staging bytes (convert_q_st_fp8) before they meet at kBarStQ, so o_x is written only in merge_st,
+// after both. A CTA without tiles copies no Q.
 // Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
 // slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with
 // MLA_FP8_RING_SWIZZLE (rows 8 apart share a position).

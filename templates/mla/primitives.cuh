@@ -21,8 +21,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // Wait for every cp.async this thread issued.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Close this thread's cp.async issued since its last commit into a group (none issued: an empty group),
-// and wait until at most N of its most recent groups are pending. Only the fp8 producers with
-// MLA_FP8_Q_BY_MATH=0 commit groups (Q's copies, then tile 0's); every other wait is cp_async_wait_all.
+// and wait until at most N of its most recent groups are pending. Only the 64-row fp8 producer
+// (produce_fp8) commits groups (Q's copies, then tile 0's); every other wait is cp_async_wait_all.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

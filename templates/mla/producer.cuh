@@ -508,7 +508,7 @@ __host__ __device__ __forceinline__ constexpr int st_q_dim(int k) {
 // until the final merge (which waits for them, layouts.cuh SharedStorageStFp8), then every 16-byte
 // chunk of the fp16 Q tile is assembled from four bf16 pairs (st_q_dim) and rounded to fp16 times
 // kFp8QPrescale.
-// The copies alone (produce_fp8_ring issues them first; convert_q_st_fp8 or load_q_permuted rounds them).
+// The copies alone (produce_fp8_ring issues them first; convert_q_st_fp8 rounds them).
 template <int NUM_HEADS, class Storage>
 __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   constexpr int kRowBytes = kHeadDimK * 2;
@@ -518,8 +518,8 @@ __device__ __forceinline__ void issue_q_permuted(Storage& s, const MlaDecodeArgs
 }
 // Chunk oc (row oc / 72, 8 columns) of the fp16 Q tile, from the bf16 rows staged in o_x: four bf16
 // pairs gathered by st_q_dim (which keeps pairs), loaded (load_q_pairs), then rounded to fp16 times
-// kFp8QPrescale and stored (store_q_chunk). The caller has seen all of Q land; load_q_permuted (the
-// producer) or convert_q_st_fp8 (the math warpgroups, MLA_FP8_Q_BY_MATH) run them over every chunk.
+// kFp8QPrescale and stored (store_q_chunk). The caller has seen all of Q land; convert_q_st_fp8 (the
+// math warpgroups) runs them over every chunk.
 template <class Storage>
 __device__ __forceinline__ uint4 load_q_pairs(const Storage& s, int oc) {
   constexpr int kRowBytes = kHeadDimK * 2;
@@ -537,39 +537,17 @@ __device__ __forceinline__ void store_q_chunk(Storage& s, int oc, uint4 w) {
       bf16x8_to_f16x8_prescaled(w);
 }
 
-// MLA_FP8_Q_BY_MATH=0: the producer threads round Q. The caller issued this thread's Q copies
-// (issue_q_permuted) as a cp.async group, then tile 0's.
-template <int NUM_HEADS, class Storage>
-__device__ __forceinline__ void load_q_permuted(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int ptid) {
-  constexpr int kChunks = Storage::kRowsPerCta * kChunksPerRow;
-  cp_async_wait_group<1>();  // Q's group; tile 0's raw bytes stay in flight
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");  // all of Q landed
-#pragma unroll 1
-  for (int oc = ptid; oc < kChunks; oc += kProducerThreads) store_q_chunk(s, oc, load_q_pairs(s, oc));
-}
-
-// Q first, as produce_fp8 does.
+// Q first, as produce_fp8 does. q_full completes when every producer thread's Q copies (its only
+// earlier cp.async copies) have landed; the math warpgroups then round Q themselves (convert_q_st_fp8)
+// while tiles stream in. (The producer rounding Q after issuing tile 0, the form before v3.25,
+// measured 1.009x slower over 50 fp8 anchors: docs/perf-notes.md v3.25.)
 template <int NUM_HEADS, int PAGE_SIZE, class Storage>
 __device__ __forceinline__ void produce_fp8_ring(Storage& s, const MlaDecodeArgs& a, int b, int m_block,
                                                  int kv_begin, int kv_end, int num_tiles, int ptid) {
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   issue_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-  if constexpr (MLA_FP8_Q_BY_MATH != 0) {
-    // q_full completes when every producer thread's Q copies have landed (its only earlier cp.async
-    // copies); the math warpgroups then round Q themselves (convert_q_st_fp8) while tiles stream in.
-    cp_async_arrive_noinc(&s.q_full);
-    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, num_tiles, ptid);
-  } else {
-    cp_async_commit();
-    // Tile 0's raw bytes are requested before Q is waited for, so their latency overlaps Q's. (Issuing
-    // tiles 0-3 before Q measured no faster: perf-notes, seventh session.)
-    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, 1, ptid);
-    cp_async_commit();  // tile 0's group
-    load_q_permuted<NUM_HEADS>(s, a, b, m_block, ptid);
-    fence_proxy_async_shared();  // converted Q stores -> wgmma reads (writer side)
-    arrive_barrier(&s.q_full);
-    copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 1, num_tiles, ptid);
-  }
+  cp_async_arrive_noinc(&s.q_full);
+  copy_fp8_tiles<PAGE_SIZE, kProducerThreads>(s, a, table, kv_begin, kv_end, 0, num_tiles, ptid);
   cp_async_wait_all();  // do not retire while copies are in flight
 }
 

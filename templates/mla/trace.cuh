@@ -22,7 +22,7 @@ enum TraceSlot : int {
   kTraceEntry = 0,          // first math thread, at kernel entry
   kTraceProducerStart = 1,  // producer thread 0, past the barrier set-up (with MLA_Q_FIRST Q is already in flight)
   kTraceQLanded = 2,        // first math thread: Q in shared memory (q_full complete; uniform launches; on the
-                            // fp8 paths with MLA_FP8_Q_BY_MATH its bf16 rows, before the math warps round them)
+                            // fp8 register path its bf16 rows, before the math warps round them)
   kTraceLoopDone = 3,       // first math thread: its warpgroup's main loop done (uniform launches)
   kTraceStored = 4,         // first math thread: past its (last segment's) epilogue stores
   kTraceProducerDone = 5,   // producer thread 0: its last copy landed (TMA tiles: issued)
