@@ -75,14 +75,6 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _preset_names() -> str:
-    """The default variants.yaml's preset names for --help (or a pointer to the file if it does not parse)."""
-    try:
-        return ", ".join(load_config(ROOT / "variants.yaml").presets)
-    except (ConfigError, OSError):
-        return "see variants.yaml"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mla-variants", description="Generate, build and list MLA decode kernel variants.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -95,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--generated-dir", default=str(ROOT / "generated"), help="rendered sources (default: %(default)s)")
         p.add_argument("--build-dir", default=str(ROOT / "build"), help="CMake build tree (default: %(default)s)")
         if name != "list":
-            p.add_argument("--preset", help=f"{name} only this preset's variants (presets of the default "
-                                            f"variants.yaml: {_preset_names()})")
+            p.add_argument("--preset", help=f"{name} only this preset's variants (a name under presets: in "
+                                            "variants.yaml; an unknown name lists them)")
             p.add_argument("--filter", action="append", metavar="PATTERN",
                            help="keep variants whose name matches (glob, or substring); repeatable")
         if name == "build":

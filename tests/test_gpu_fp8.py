@@ -77,11 +77,11 @@ def test_fp8_transposed_ring_wraps_at_every_tile_count(key):
 @pytest.mark.parametrize("key", _st_fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
 def test_fp8_empty_request_ignores_its_q(key):
     """A request with seq_len 0 gets out 0 and lse -inf whatever its q holds (a CUDA-graph padding row's
-    q may be stale memory). On the register path Q's bf16 rows are copied at CTA entry into the buffer
-    the final merge reuses (layouts.cuh SharedStorageStFp8), also in a CTA without tiles, whose merge
-    must wait for those copies: here q of every empty request is NaN, +inf and -inf, so a copy landing
-    after the merge's zeros shows as NaN. Many empty requests beside two long ones, one split (out
-    written by the decode kernel) and, for split variants, several."""
+    q may be stale memory). On the register path Q's bf16 rows are staged in the buffer the final merge
+    reuses (layouts.cuh SharedStorageStFp8): a copy of them landing after the merge's zeros (v3.25's
+    racy Q-at-entry form did so in CTAs without tiles) would show as NaN, since q of every empty request
+    is NaN, +inf and -inf. Many empty requests beside two long ones, one split (out written by the
+    decode kernel) and, for split variants, several. test_gpu_adversarial.py has the bf16 counterpart."""
     num_heads, page, _, split = key
     g = torch.Generator().manual_seed(777 + num_heads + page)
     lens = [0] * 20 + [3000, 1]
