@@ -20,6 +20,11 @@ from .render import ROOT, render, write_dispatch
 from .variant import Variant
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 variant', '2 variants', '0 files' (the build's one-line reports)."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def select(variants: list[Variant], patterns: list[str] | None) -> list[Variant]:
     """Keep variants whose name contains a match of any pattern: a substring (``h16_p64``) or a shell
     glob matched anywhere in the name (``h16_p*_bf16``)."""
@@ -102,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         # the dispatch table is written only after the library links, so a failed build leaves the
         # previous table and library consistent
         res = render(config, chosen, gen, bdir / LIBRARY_NAME, dispatch=False)
-        echo_flush(f"rendered {len(chosen)} variants into {gen} ({len(res.written)} files written, "
+        echo_flush(f"rendered {_count(len(chosen), 'variant')} into {gen} ({_count(len(res.written), 'file')} written, "
                    f"{len(res.removed)} stale removed)")
         if args.cmd == "generate":
             return 0
         s = build(gen, bdir, chosen, args.jobs, echo=echo_flush)
         write_dispatch(res)
         regs = [r.get("registers") for r in s.usage.values() if r.get("registers")]
-        echo_flush(f"built {s.variants} variants ({s.compiled} translation units compiled) in {s.seconds:.1f} s; "
+        echo_flush(f"built {_count(s.variants, 'variant')} ({_count(s.compiled, 'translation unit')} compiled) in {s.seconds:.1f} s; "
                    f"library {s.library} ({s.library_bytes / 2**20:.1f} MiB)"
                    + (f"; registers {min(regs)}-{max(regs)}, no spills" if regs else ""))
         return 0
