@@ -28,6 +28,7 @@ from mla_variants.testing import as_token_pages  # noqa: E402
 
 CASES = [  # (num_heads, batch, seq_len, page_size)
     (16, 32, 16384, 64), (16, 128, 4096, 64), (32, 32, 16384, 16), (64, 32, 16384, 64), (8, 64, 8192, 128),
+    (32, 128, 4096, 1), (64, 128, 4096, 16), (128, 32, 16384, 64), (128, 128, 4096, 1),
 ]
 
 
@@ -89,7 +90,7 @@ def main() -> int:
             rows.append(dict(axis=axis, case=[heads, batch, seq, page], specialized=name, specialized_us=spec,
                              generic=generic, generic_us=us, ratio=us / spec))
             print(f"{axis:>9} {str((heads, batch, seq, page)):>30} {name:>28} {spec:8.1f} {generic:>28} {us:8.1f} "
-                  f"{us / spec:6.2f}", flush=True)
+                  f"{us / spec:6.3f}", flush=True)
         del inputs
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(rows, indent=1))
