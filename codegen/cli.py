@@ -45,6 +45,11 @@ def _selected(args) -> list[Variant]:
         base = config.variants()
     chosen = select(base, args.filter)
     if not chosen:
+        dropped = [(v, config.excluded_by(v)) for v in select(config.cross_product(), args.filter)]
+        if dropped and dropped[0][1] is not None:
+            v, rule = dropped[0]
+            raise ConfigError(config.path, rule.line, f"--filter {args.filter}: {v.name} is left out by this exclude "
+                                                      f"rule; remove or narrow the rule to build it")
         raise ConfigError(config.path, None, f"--filter {args.filter} matches none of the {len(base)} variants "
                                              f"(names look like {base[0].name})")
     return config, chosen

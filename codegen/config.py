@@ -7,9 +7,12 @@ The schema (see README.md, "variants.yaml reference"):
     arch:    sm_90a
     axes:    {num_heads: [...], page_size: [...], dtype: [...], split: [...]}
     presets: {<name>: {description: str, num_heads: [...], page_size: [...], dtype: [...], split: [...]}}
+    exclude: [{<axis>: [...], ...}, ...]                  # optional
 
 A preset selects a subset of the axes (a missing axis means all of its values); a value outside the
-axes is an impossible combination.
+axes is an impossible combination. An exclude rule drops every variant whose value on each axis the
+rule names is among the rule's values (the axes it does not name match anything), from the full build
+and from every preset, as CUTLASS's generator leaves out the kernels its filters reject.
 """
 from __future__ import annotations
 
@@ -47,9 +50,11 @@ class Preset:
     description: str
     axes: dict[str, tuple]
     line: int
+    exclude: tuple = ()
 
     def variants(self) -> list[Variant]:
-        return _product(self.axes)
+        """The preset's selection of the axes, less what an exclude rule drops, sorted by name."""
+        return _product(self.axes, self.exclude)
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,35 @@ class Config:
     axes: dict[str, tuple]
     axis_lines: dict[str, int]
     presets: dict[str, Preset] = field(default_factory=dict)
+    exclude: tuple = ()  # ExcludeRule, in file order
 
     def variants(self) -> list[Variant]:
-        """Every variant of the full cross product of the axes, sorted by name."""
+        """The cross product of the axes less what an exclude rule drops, sorted by name."""
+        return _product(self.axes, self.exclude)
+
+    def cross_product(self) -> list[Variant]:
+        """The cross product of the axes, exclude rules not applied."""
         return _product(self.axes)
 
+    def excluded_by(self, v: Variant) -> "ExcludeRule | None":
+        """The first exclude rule that drops variant v, or None."""
+        return next((r for r in self.exclude if r.drops(v)), None)
 
-def _product(axes: dict[str, tuple]) -> list[Variant]:
+
+@dataclass(frozen=True)
+class ExcludeRule:
+    """One entry of `exclude:`: axis -> the values it drops (a variant must match every named axis)."""
+    values: dict[str, tuple]
+    line: int
+
+    def drops(self, v: Variant) -> bool:
+        fields = dict(zip(AXES, (v.num_heads, v.page_size, v.dtype, v.split)))
+        return all(fields[axis] in vals for axis, vals in self.values.items())
+
+
+def _product(axes: dict[str, tuple], exclude: tuple = ()) -> list[Variant]:
     out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))}
-    return sorted(out, key=lambda v: v.name)
+    return sorted((v for v in out if not any(r.drops(v) for r in exclude)), key=lambda v: v.name)
 
 
 def _line(node: yaml.Node) -> int:
@@ -171,7 +196,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
         raise ConfigError(path, line, f"not valid YAML: {getattr(e, 'problem', None) or getattr(e, 'reason', e)}") from None
     if root is None:
         raise ConfigError(path, None, "the file is empty; expected keys dims, arch, axes")
-    top = r.mapping(root, "top level", ("dims", "arch", "axes", "presets"), ("dims", "arch", "axes"))
+    top = r.mapping(root, "top level", ("dims", "arch", "axes", "presets", "exclude"), ("dims", "arch", "axes"))
 
     dims_node = top["dims"][1]
     dims = {}
@@ -190,6 +215,26 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
     for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES, top["axes"][0]).items():
         axes[key] = r.axis_values(key, v, f"axes.{key}")
         axis_lines[key] = _line(k)
+
+    exclude: list[ExcludeRule] = []
+    if "exclude" in top:
+        enode = top["exclude"][1]
+        if not isinstance(enode, yaml.SequenceNode):
+            r.fail(enode, "exclude: expected a list of rules such as {split: [false], num_heads: [8, 16]}")
+        for i, rule in enumerate(enode.value):
+            fields = r.mapping(rule, f"exclude[{i}]", AXES)
+            if not fields:
+                r.fail(rule, f"exclude[{i}]: expected at least one axis (an empty rule would drop every variant)")
+            vals = {}
+            for axis, (k, v) in fields.items():
+                vals[axis] = r.axis_values(axis, v, f"exclude[{i}].{axis}")
+                for val, item in zip(vals[axis], v.value):
+                    if val not in axes[axis]:
+                        r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
+                                     f"(line {axis_lines[axis]}), so the rule can never apply")
+            exclude.append(ExcludeRule(vals, _line(rule)))
+        if not _product(axes, tuple(exclude)):
+            r.fail(enode, "exclude: the rules drop every variant of the axes")
 
     presets: dict[str, Preset] = {}
     if "presets" in top:
@@ -213,5 +258,8 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                         r.fail(item, f"presets.{name}.{axis}: impossible combination: {val!r} is not in axes.{axis} "
                                      f"{list(axes[axis])} (line {axis_lines[axis]}); add it there first")
                 sel[axis] = vals
-            presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel, _line(k))
-    return Config(path, text, arch, dims, axes, axis_lines, presets)
+            presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel,
+                                   _line(k), tuple(exclude))
+            if not presets[name].variants():
+                r.fail(k, f"presets.{name}: every variant it selects is dropped by an exclude rule")
+    return Config(path, text, arch, dims, axes, axis_lines, presets, tuple(exclude))

@@ -4,7 +4,8 @@ Rule (README "Dispatch"): page_size and dtype must match a compiled variant exac
 served by the exact compiled head count if there is one, else by the smallest compiled count above
 it with the extra rows masked; more heads than the largest compiled count are cut into head groups
 of that size, each launched separately. Split-KV calls (num_kv_splits > 1) need a split variant;
-unsplit calls prefer the nosplit variant and fall back to a split variant run with one split.
+unsplit calls prefer the nosplit variant and fall back to a split variant run with one split (the
+default build has nosplit variants only where they measured faster: variants.yaml's exclude rules).
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
         f"no compiled MLA decode variant for num_heads={num_heads}, page_size={page_size}, dtype={dtype}, "
         f"split={str(split).lower()} (no {why} match). Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. "
         f"To add it: {axis_fix} in variants.yaml (if it is there already, the last build selected fewer "
-        f"variants with --preset/--filter) and run `mla-variants build`.", (num_heads, page_size, dtype, split))
+        f"variants with --preset/--filter, or a rule under exclude: leaves it out) and run `mla-variants build`.",
+        (num_heads, page_size, dtype, split))
 
 
 def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> list[Launch]:

@@ -43,9 +43,10 @@ def test_build_links_loads_and_matches_manifest(ci_build):
     gen, bld, p, _ = ci_build
     assert "compiling mla_decode_h16_p64_bf16_split" in p.stdout          # per-variant progress
     assert "compiling mla_decode_h16_p64_fp8_e4m3_split" in p.stdout
-    # summary: 12 variants, + the fp8 short-split units (16 and 32 heads: stubs; 64 heads: the 64-row
-    # fp8 path's) + the 32-head 16-bit 64-row units
-    assert "built 12 variants (17 translation units compiled)" in p.stdout
+    # summary: 8 variants (6 split, 2 nosplit at 64 heads: variants.yaml's exclude rules), + the fp8
+    # short-split units (16 and 32 heads: stubs; 64 heads: the 64-row fp8 path's) + the 32-head 16-bit
+    # 64-row unit
+    assert "built 8 variants (12 translation units compiled)" in p.stdout
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
@@ -83,7 +84,7 @@ def test_a_narrower_build_keeps_the_others_resource_records(ci_build):
     assert "built 2 variants (0 translation units compiled)" in p.stdout
     p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built 12 variants (0 translation units compiled)" in p.stdout
+    assert "built 8 variants (0 translation units compiled)" in p.stdout
     assert json.loads((bld / "resource_usage.json").read_text()) == before
     regs = sorted(r["registers"] for r in before.values())
     assert f"registers {regs[0]}-{regs[-1]}, no spills" in p.stdout
@@ -94,8 +95,8 @@ def test_list_prints_the_dispatch_table(ci_build):
     gen, bld, _, _ = ci_build
     p = _cli("list", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stderr
-    assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h16_p64_fp8_e4m3_nosplit" in p.stdout
-    assert "12 variants" in p.stdout
+    assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h64_p64_fp8_e4m3_nosplit" in p.stdout
+    assert "8 variants" in p.stdout
     # Without --build-dir the registers still come from the table's own library folder, not from build/.
     p = _cli("list", "--generated-dir", str(gen))
     assert p.returncode == 0, p.stderr
@@ -113,6 +114,10 @@ def test_cli_reports_config_errors(tmp_path):
     assert p.returncode == 2 and "unknown preset 'nope'" in p.stderr
     p = _cli("generate", "--filter", "h7_", "--generated-dir", str(tmp_path / "g"))
     assert p.returncode == 2 and "matches none" in p.stderr
+    # a variant an exclude rule leaves out: the error names the rule's line
+    p = _cli("generate", "--filter", "h16_p64_bf16_nosplit", "--generated-dir", str(tmp_path / "g"))
+    line = next(i for i, t in enumerate((ROOT / "variants.yaml").read_text().splitlines(), 1) if "num_heads: [8, 16, 32]}" in t)
+    assert p.returncode == 2 and f"variants.yaml:{line}: --filter" in p.stderr and "left out by this exclude rule" in p.stderr, p.stderr
 
 
 SPILL_LOG = """\
@@ -226,7 +231,7 @@ def test_kernel_switches_compile_without_spills(tmp_path, build):
     p = subprocess.run([sys.executable, "-m", "codegen", "build", *filters, "--generated-dir", str(tmp_path / "generated"),
                         "--build-dir", str(tmp_path / "build")], capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"built {len(names)} variants" in p.stdout
+    assert f"built {len(names)} variant" in p.stdout  # "1 variant", "2 variants"
     usage = json.loads((tmp_path / "build" / "resource_usage.json").read_text())
     assert set(usage) == set(names)
     for name, rec in usage.items():

@@ -28,7 +28,11 @@ def test_repository_file_is_valid_and_complete():
     assert cfg.axes["num_heads"] == (8, 16, 32, 64, 128)
     assert cfg.axes["page_size"] == (1, 16, 64, 128)
     assert set(cfg.axes["dtype"]) == {"bf16", "fp16", "fp8_e4m3"} and cfg.axes["split"] == (False, True)
-    assert len(cfg.variants()) == 5 * 4 * 3 * 2
+    assert len(cfg.cross_product()) == 5 * 4 * 3 * 2
+    # the exclude rules keep nosplit variants only on the 64-row kernel's TMA pages (v3.27)
+    nosplit = {(v.num_heads, v.page_size) for v in cfg.variants() if not v.split}
+    assert nosplit == {(h, p) for h in (64, 128) for p in (64, 128)}
+    assert len(cfg.variants()) == 5 * 4 * 3 + 2 * 2 * 3
     for name in ("deepseek-v3-tp1", "deepseek-v3-tp8", "deepseek-v3-tp16", "deepseek-v2-lite", "kimi-k2", "ci"):
         assert name in cfg.presets
     assert {v.num_heads for v in cfg.presets["deepseek-v3-tp8"].variants()} == {16}
@@ -41,6 +45,32 @@ def test_good_config_and_preset_selection():
     assert [v.name for v in cfg.presets["small"].variants()] == [
         "mla_decode_h16_p1_bf16_nosplit", "mla_decode_h16_p1_bf16_split",
         "mla_decode_h16_p64_bf16_nosplit", "mla_decode_h16_p64_bf16_split"]
+
+
+def test_exclude_rules_drop_what_matches_every_named_axis():
+    cfg = parse_config(GOOD + "exclude:\n  - {split: [false], num_heads: [16]}\n  - {page_size: [1], num_heads: [128]}\n")
+    assert [v.name for v in cfg.variants()] == [
+        "mla_decode_h128_p64_bf16_nosplit", "mla_decode_h128_p64_bf16_split",
+        "mla_decode_h16_p1_bf16_split", "mla_decode_h16_p64_bf16_split"]
+    assert [v.name for v in cfg.presets["small"].variants()] == ["mla_decode_h16_p1_bf16_split", "mla_decode_h16_p64_bf16_split"]
+    assert len(cfg.cross_product()) == 8
+    dropped = [v for v in cfg.cross_product() if cfg.excluded_by(v)]
+    assert [cfg.excluded_by(v).line for v in dropped] == [16, 16, 15, 15]  # h128 p1 x 2, h16 nosplit x 2
+
+
+@pytest.mark.parametrize("rules,line,words", [
+    ("exclude: 3\n", 14, "exclude: expected a list of rules"),
+    ("exclude:\n  - {}\n", 15, "expected at least one axis"),
+    ("exclude:\n  - {colour: [red]}\n", 15, "unknown key 'colour'"),
+    ("exclude:\n  - {num_heads: [32]}\n", 15, "exclude[0].num_heads: 32 is not in axes.num_heads [16, 128] (line 6)"),
+    ("exclude:\n  - {split: [maybe]}\n", 15, "expected true or false"),
+    ("exclude:\n  - {dtype: [bf16]}\n", 15, "the rules drop every variant"),
+    ("exclude:\n  - {num_heads: [16]}\n", 11, "presets.small: every variant it selects is dropped"),
+])
+def test_exclude_errors_name_the_line(rules, line, words):
+    with pytest.raises(ConfigError) as e:
+        parse_config(GOOD + rules, "v.yaml")
+    assert e.value.line == line and words in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("old,new,line,words", [

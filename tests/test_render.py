@@ -102,7 +102,8 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
     from codegen.config import parse_config
     narrowed = parse_config(cfg.text.replace("num_heads: [8, 16, 32, 64, 128]", "num_heads: [8, 32, 64, 128]")
                             .replace("    num_heads: [16]\n", "    num_heads: [32]\n")
-                            .replace("    num_heads: [16, 32, 64]\n", "    num_heads: [32, 64]\n"), "v.yaml")
+                            .replace("    num_heads: [16, 32, 64]\n", "    num_heads: [32, 64]\n")
+                            .replace("num_heads: [8, 16, 32]}", "num_heads: [8, 32]}"), "v.yaml")
     res = render(narrowed, [v2], g, tmp_path / "lib.so")
     assert res.removed == [g / "variants" / f"{gone.name}.cu"]
 
@@ -124,8 +125,10 @@ def test_manifest_and_dispatch_table_agree(tmp_path):
 
 def test_filters():
     vs = _cfg().variants()
-    assert {v.name for v in select(vs, ["h16_p64_bf16"])} == {"mla_decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_nosplit"}
+    assert {v.name for v in select(vs, ["h64_p64_bf16"])} == {"mla_decode_h64_p64_bf16_split", "mla_decode_h64_p64_bf16_nosplit"}
+    assert {v.name for v in select(vs, ["h16_p64_bf16"])} == {"mla_decode_h16_p64_bf16_split"}  # nosplit: excluded
     assert all(v.page_size == 1 for v in select(vs, ["_p1_*"]))
-    assert len(select(vs, ["h8_", "h128_"])) == 2 * 4 * 3 * 2  # 2 head counts x 4 pages x 3 dtypes x split
+    # 2 head counts x 4 pages x 3 dtypes split, + 128-head nosplit at pages 64 / 128 x 3 dtypes
+    assert len(select(vs, ["h8_", "h128_"])) == 2 * 4 * 3 + 2 * 3
     assert select(vs, ["nothing"]) == []
     assert select(vs, None) == vs
