@@ -57,17 +57,19 @@ def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: 
     """The launches that serve a call with `num_heads` heads; raises VariantNotCompiledError."""
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
-    splits_ok = (True,) if split else (False, True)
-    for want_split in splits_ok:
-        heads = sorted(k[0] for k in table if k[1] == page_size and k[2] == dtype and k[3] == want_split
-                       and isinstance(k[0], int) and k[0] >= 1)
-        if not heads:
-            continue
+    # The head count decides first (it picks the tile), the split kind second: an unsplit call takes the
+    # nosplit variant of the chosen head count if there is one, else that count's split variant (run with
+    # one split), never a nosplit variant of a larger head count over its own count's split variant.
+    kinds = (True,) if split else (False, True)
+    usable = {k for k in table if k[1] == page_size and k[2] == dtype and k[3] in kinds
+              and isinstance(k[0], int) and not isinstance(k[0], bool) and k[0] >= 1}
+    heads = sorted({k[0] for k in usable})
+    if heads:
         launches, start = [], 0
         while start < num_heads:
             n = min(num_heads - start, heads[-1])
             h = next(x for x in heads if x >= n)  # exact if compiled, else the smallest above
-            key = (h, page_size, dtype, want_split)
+            key = next((h, page_size, dtype, s) for s in kinds if (h, page_size, dtype, s) in usable)
             launches.append(Launch(key, table[key], start, n))
             start += n
         return launches

@@ -28,6 +28,21 @@ def test_unsplit_call_falls_back_to_a_split_variant():
     assert plan_launches(only_split, 16, 64, "bf16", False)[0].key == (16, 64, "bf16", True)
 
 
+def test_head_count_decides_before_the_split_kind():
+    """A build with nosplit variants only at some head counts (variants.yaml's exclude rules): an unsplit
+    call runs its own head count's split variant with one split, not a larger count's nosplit variant
+    (which would mask rows, and at <= 32 heads leave the transposed path)."""
+    table = {k: v for k, v in TABLE.items() if k[3] or (k[0] >= 64 and k[1] == 64)}
+    assert plan_launches(table, 16, 64, "bf16", False)[0].key == (16, 64, "bf16", True)
+    assert plan_launches(table, 12, 64, "bf16", False)[0].key == (16, 64, "bf16", True)
+    assert plan_launches(table, 64, 64, "bf16", False)[0].key == (64, 64, "bf16", False)
+    assert plan_launches(table, 40, 64, "bf16", False)[0].key == (64, 64, "bf16", False)
+    assert plan_launches(table, 64, 1, "bf16", False)[0].key == (64, 1, "bf16", True)
+    ls = plan_launches(table, 200, 64, "bf16", False)
+    assert [(l.key, l.num_heads) for l in ls] == [((128, 64, "bf16", False), 128), ((128, 64, "bf16", False), 72)]
+    assert plan_launches(table, 16, 64, "bf16", True)[0].key == (16, 64, "bf16", True)
+
+
 @pytest.mark.parametrize("args,why,fix", [
     ((16, 16, "bf16", False), "no page_size match", "add 16 to axes.page_size"),
     ((16, 64, "fp16", False), "no dtype match", "add fp16 to axes.dtype"),
