@@ -40,16 +40,26 @@ def _selected(args) -> list[Variant]:
     if args.preset is not None:
         if args.preset not in config.presets:
             raise ConfigError(config.path, None, f"unknown preset {args.preset!r}; presets: {', '.join(config.presets)}")
-        base = config.presets[args.preset].variants()
+        selection = config.presets[args.preset]
     else:
-        base = config.variants()
+        selection = config
+    base = selection.variants()
     chosen = select(base, args.filter)
+    # --filter patterns that match only variants an exclude rule leaves out (of this preset's selection)
+    left_out = {}
+    for pat in args.filter or ():
+        if not select(chosen, [pat]):
+            hit = [v for v in select(selection.cross_product(), [pat]) if config.excluded_by(v)]
+            if hit:
+                left_out[pat] = hit[0]
+    for pat, v in left_out.items():
+        lines = ", ".join(str(r.line) for r in config.excluded_by(v))
+        message = (f"--filter {pat}: {v.name} is left out by the exclude rule(s) at {config.path} line(s) {lines}; "
+                   f"remove or narrow them to build it")
+        if not chosen:
+            raise ConfigError(config.path, config.excluded_by(v)[0].line, message)
+        echo_flush(f"note: {message}")
     if not chosen:
-        dropped = [(v, config.excluded_by(v)) for v in select(config.cross_product(), args.filter)]
-        if dropped and dropped[0][1] is not None:
-            v, rule = dropped[0]
-            raise ConfigError(config.path, rule.line, f"--filter {args.filter}: {v.name} is left out by this exclude "
-                                                      f"rule; remove or narrow the rule to build it")
         raise ConfigError(config.path, None, f"--filter {args.filter} matches none of the {len(base)} variants "
                                              f"(names look like {base[0].name})")
     return config, chosen
@@ -81,7 +91,7 @@ def cmd_list(args) -> int:
     for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
         regs = usage.get(name, {}).get("registers", "?")
         print(f"{h:>9} {p:>9} {d:>8} {str(s).lower():>5}  {regs:>9}  {name}")
-    print(f"{len(mod.VARIANTS)} variants, library {library}")
+    print(f"{_count(len(mod.VARIANTS), 'variant')}, library {library}")
     return 0
 
 

@@ -56,6 +56,10 @@ class Preset:
         """The preset's selection of the axes, less what an exclude rule drops, sorted by name."""
         return _product(self.axes, self.exclude)
 
+    def cross_product(self) -> list[Variant]:
+        """The preset's selection of the axes, exclude rules not applied."""
+        return _product(self.axes)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -76,9 +80,9 @@ class Config:
         """The cross product of the axes, exclude rules not applied."""
         return _product(self.axes)
 
-    def excluded_by(self, v: Variant) -> "ExcludeRule | None":
-        """The first exclude rule that drops variant v, or None."""
-        return next((r for r in self.exclude if r.drops(v)), None)
+    def excluded_by(self, v: Variant) -> list["ExcludeRule"]:
+        """The exclude rules that drop variant v (empty if none does), in file order."""
+        return [r for r in self.exclude if r.drops(v)]
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly. num_heads is
 served by the exact compiled head count if there is one, else by the smallest compiled count above
 it with the extra rows masked; more heads than the largest compiled count are cut into head groups
-of that size, each launched separately. Split-KV calls (num_kv_splits > 1) need a split variant;
-unsplit calls prefer the nosplit variant and fall back to a split variant run with one split (the
-default build has nosplit variants only where they measured faster: variants.yaml's exclude rules).
+of that size, each launched separately. Split-KV calls (num_kv_splits > 1) need a split variant.
+For unsplit calls the head count (and the head-group size) is chosen over nosplit and split variants
+alike; at that head count the nosplit variant is preferred, else the split one runs with one split
+(the default build has nosplit variants only where they measured faster: variants.yaml's exclude
+rules).
 """
 from __future__ import annotations
 

@@ -48,14 +48,14 @@ def _built_table() -> dict | None:
 
 
 def _full_table() -> dict:
-    """variants.yaml's whole cross product, as a dispatch table."""
+    """variants.yaml's default build (its axes less its exclude rules), as a dispatch table."""
     from codegen.config import load_config
     return {v.key: v.name for v in load_config(ROOT_DIR / "variants.yaml").variants()}
 
 
 def _left_out_by_subset(error, built: dict | None, full: dict) -> bool:
     """Whether a VariantNotCompiledError only says that the build is a subset: the session's build
-    holds fewer variants than variants.yaml's cross product, and the whole build would serve the
+    holds fewer variants than variants.yaml's default build, and the whole build would serve the
     request that failed."""
     from mla_variants.dispatch import VariantNotCompiledError, plan_launches
     if built is None or set(full) <= set(built) or getattr(error, "request", None) is None:

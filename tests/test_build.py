@@ -81,7 +81,7 @@ def test_a_narrower_build_keeps_the_others_resource_records(ci_build):
     before = json.loads((bld / "resource_usage.json").read_text())
     p = _cli("build", "--preset", "ci", "--filter", "h16_p64_bf16*", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built 2 variants (0 translation units compiled)" in p.stdout
+    assert "built 1 variant (0 translation units compiled)" in p.stdout  # h16 nosplit: excluded
     p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "built 8 variants (0 translation units compiled)" in p.stdout
@@ -117,7 +117,13 @@ def test_cli_reports_config_errors(tmp_path):
     # a variant an exclude rule leaves out: the error names the rule's line
     p = _cli("generate", "--filter", "h16_p64_bf16_nosplit", "--generated-dir", str(tmp_path / "g"))
     line = next(i for i, t in enumerate((ROOT / "variants.yaml").read_text().splitlines(), 1) if "num_heads: [8, 16, 32]}" in t)
-    assert p.returncode == 2 and f"variants.yaml:{line}: --filter" in p.stderr and "left out by this exclude rule" in p.stderr, p.stderr
+    assert p.returncode == 2 and f"variants.yaml:{line}: --filter" in p.stderr and "left out by the exclude rule(s)" in p.stderr, p.stderr
+    # beside a pattern that matches: a note, and the build goes on with what matched
+    p = _cli("generate", "--filter", "h16_p64_bf16_nosplit", "--filter", "h16_p64_bf16_split", "--generated-dir", str(tmp_path / "g"))
+    assert p.returncode == 0 and "note: --filter h16_p64_bf16_nosplit" in p.stdout and "rendered 1 variant " in p.stdout, p.stdout
+    # a preset that does not select the variant at all: no rule is blamed
+    p = _cli("generate", "--preset", "deepseek-v3-tp1", "--filter", "h16", "--generated-dir", str(tmp_path / "g"))
+    assert p.returncode == 2 and "matches none of the" in p.stderr and "exclude" not in p.stderr, p.stderr
 
 
 SPILL_LOG = """\

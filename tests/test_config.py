@@ -55,7 +55,10 @@ def test_exclude_rules_drop_what_matches_every_named_axis():
     assert [v.name for v in cfg.presets["small"].variants()] == ["mla_decode_h16_p1_bf16_split", "mla_decode_h16_p64_bf16_split"]
     assert len(cfg.cross_product()) == 8
     dropped = [v for v in cfg.cross_product() if cfg.excluded_by(v)]
-    assert [cfg.excluded_by(v).line for v in dropped] == [16, 16, 15, 15]  # h128 p1 x 2, h16 nosplit x 2
+    assert [[r.line for r in cfg.excluded_by(v)] for v in dropped] == [[16], [16], [15], [15]]  # h128 p1 x 2, h16 nosplit x 2
+    both = parse_config(GOOD + "exclude:\n  - {split: [false]}\n  - {page_size: [1]}\n")
+    h16_p1_nosplit = next(v for v in both.cross_product() if v.name == "mla_decode_h16_p1_bf16_nosplit")
+    assert [r.line for r in both.excluded_by(h16_p1_nosplit)] == [15, 16]
 
 
 @pytest.mark.parametrize("rules,line,words", [
