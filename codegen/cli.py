@@ -78,7 +78,8 @@ def _load_dispatch(generated_dir: Path):
 def cmd_list(args) -> int:
     mod = _load_dispatch(Path(args.generated_dir))
     if mod is None:
-        print(f"no dispatch table in {args.generated_dir}: run `mla-variants build` first", file=sys.stderr)
+        print(f"no dispatch table in {args.generated_dir}: run `mla-variants build --generated-dir {args.generated_dir}` "
+              f"first (`generate` writes no table)", file=sys.stderr)
         return 1
     # The registers come from the build that made the table's library (its folder), else --build-dir.
     library = (Path(args.generated_dir) / mod.LIBRARY).resolve()

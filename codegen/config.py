@@ -235,7 +235,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                 for val, item in zip(vals[axis], v.value):
                     if val not in axes[axis]:
                         r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
-                                     f"(line {axis_lines[axis]}), so the rule can never apply")
+                                     f"(line {axis_lines[axis]}), so the rule can never apply; remove it here")
             exclude.append(ExcludeRule(vals, _line(rule)))
         if not _product(axes, tuple(exclude)):
             r.fail(enode, "exclude: the rules drop every variant of the axes")
@@ -260,7 +260,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                 for val, item in zip(vals, fields[axis][1].value):
                     if val not in axes[axis]:
                         r.fail(item, f"presets.{name}.{axis}: impossible combination: {val!r} is not in axes.{axis} "
-                                     f"{list(axes[axis])} (line {axis_lines[axis]}); add it there first")
+                                     f"{list(axes[axis])} (line {axis_lines[axis]}); add it there, or remove it here")
                 sel[axis] = vals
             presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel,
                                    _line(k), tuple(exclude))
