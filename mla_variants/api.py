@@ -20,7 +20,7 @@ import torch
 from . import _binding
 from .dispatch import VariantNotCompiledError
 from .dispatch import is_supported as _table_supports
-from .fp8 import FP8_DTYPE
+from .fp8 import FP8_DTYPE, FP32_MAX as _FLT_MAX, FP32_TINY as _FLT_MIN
 
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
@@ -74,8 +74,7 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
 _KEY_OF = {**_DTYPES, FP8_DTYPE: FP8_KEY}  # a torch dtype or token -> the dispatch key's dtype token
 _MAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
-_FLT_MIN, _FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38  # fp32 normal range (k_scale travels as fp32)
-_K_SCALE_MAX = _FLT_MAX / 256  # the fp8 kernel divides k_scale by its 2^-8 q prescale in fp32
+_K_SCALE_MAX = _FLT_MAX / 256  # k_scale travels as fp32 (fp8.FP32_TINY.._MAX); the fp8 kernel divides k_scale by its 2^-8 q prescale in fp32
 
 
 class MLAInputError(ValueError):

@@ -16,9 +16,9 @@ FP8_NAN_BYTE = 0x7F
 
 
 # fp32's normal range: the scale is applied in fp32, where a smaller value is a subnormal or 0 and a
-# larger one overflows (the same bounds as mla_decode's k_scale, less its 2^-8 q prescale margin).
-_SCALE_MIN = torch.finfo(torch.float32).tiny   # 1.18e-38
-_SCALE_MAX = torch.finfo(torch.float32).max    # 3.4e38
+# larger one overflows (mla_decode's k_scale takes the same range, less its 2^-8 q prescale margin).
+FP32_TINY = torch.finfo(torch.float32).tiny   # 1.18e-38
+FP32_MAX = torch.finfo(torch.float32).max     # 3.4e38
 
 
 def _check_scale(k_scale) -> float:
@@ -28,9 +28,9 @@ def _check_scale(k_scale) -> float:
         scale = float(k_scale)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         raise ValueError(f"k_scale: expected a positive finite float or a 1-element tensor, got {k_scale!r}") from None
-    if not _SCALE_MIN <= scale <= _SCALE_MAX:
-        raise ValueError(f"k_scale: expected a positive float in fp32's normal range [{_SCALE_MIN:.3g}, "
-                         f"{_SCALE_MAX:.3g}] (it is applied in fp32), got {scale!r}")
+    if not FP32_TINY <= scale <= FP32_MAX:
+        raise ValueError(f"k_scale: expected a positive float in fp32's normal range [{FP32_TINY:.3g}, "
+                         f"{FP32_MAX:.3g}] (it is applied in fp32), got {scale!r}")
     return scale
 
 
