@@ -235,19 +235,26 @@ def _check_disjoint(c: "_Call", q_pair: bool, k_scale, outputs) -> None:
               c.kv_ptr + kv_elem * ((c.kv_cache.shape[0] - 1) * kv[0] + (c.page_size - 1) * kv[1] + HEAD_DIM)),
              ("block_table", c.bt_ptr, c.bt_ptr + 4 * (b1 * c.bt_st + c.max_pages)),
              ("seq_lens", c.sl_ptr, c.sl_ptr + 4 * c.batch)]
-    if isinstance(k_scale, torch.Tensor):
+    if k_scale is not None and isinstance(k_scale, torch.Tensor):
         spans.append(("k_scale", k_scale.data_ptr(), k_scale.data_ptr() + 4))
     for name, t in outputs:
         if t is None:
             continue
-        s = _byte_span(t)
-        if s is None:
-            continue
+        if t.is_contiguous():  # _byte_span's common case, inlined: this runs on every call
+            first = t.data_ptr()
+            end = first + t.nbytes
+            if end == first:
+                continue
+        else:
+            s = _byte_span(t)
+            if s is None:
+                continue
+            first, end = s
         for other, lo, hi in spans:
-            if s[0] < hi and lo < s[1]:
+            if first < hi and lo < end:
                 _fail(name, f"memory of its own, not overlapping {other}",
-                      f"bytes [{s[0]:#x}, {s[1]:#x}), overlapping {other}'s [{lo:#x}, {hi:#x})")
-        spans.append((name, s[0], s[1]))
+                      f"bytes [{first:#x}, {end:#x}), overlapping {other}'s [{lo:#x}, {hi:#x})")
+        spans.append((name, first, end))
 
 
 class _Call:
@@ -385,17 +392,15 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
             return None
         if type(softmax_scale) is not float or not 0.0 < softmax_scale <= _MAX_SCALE:
             return None
-        if out is not None and (out.shape != (batch, q_len, heads, KV_LORA_RANK) or out.dtype is not dtype
-                                or out.get_device() != dev or out.stride()[3] != 1
-                                or (out.stride()[0] | out.stride()[1] | out.stride()[2]) % 4 or min(out.stride()) < 0):
-            return None
+        if out is not None:
+            o_st = out.stride()
+            if (out.shape != (batch, q_len, heads, KV_LORA_RANK) or out.dtype is not dtype or out.get_device() != dev
+                    or o_st[3] != 1 or (o_st[0] | o_st[1] | o_st[2]) % 4 or min(o_st) < 0
+                    or not (o_st[2] >= KV_LORA_RANK and o_st[1] >= heads * o_st[2] and o_st[0] >= q_len * o_st[1])):
+                return None
         if lse is not None and (lse.shape != (batch, heads, q_len) or lse.dtype is not torch.float32
                                 or lse.get_device() != dev or not lse.is_contiguous()):
             return None
-        if out is not None:
-            o_st = out.stride()
-            if not (o_st[2] >= KV_LORA_RANK and o_st[1] >= heads * o_st[2] and o_st[0] >= q_len * o_st[1]):
-                return None
         c = _Call()
         c.qn_ptr = q_nope.data_ptr()
         c.qp_ptr = c.qn_ptr + qp_off if qp_off else q_pe.data_ptr()

@@ -102,6 +102,36 @@ def test_outputs_must_not_share_memory_with_inputs():
     _check_disjoint(c, False, None, (("out", kv_buf[10 * 64 * 576:]),))  # just past the cache: fine
 
 
+def test_fast_path_sends_unusual_outputs_to_the_full_check(monkeypatch):
+    """_fast_validate (the per-call screen in front of _validate) accepts only the plain layouts of out
+    and lse and returns None for everything else, so _validate decides (and names the argument). CPU
+    tensors made to report device 0: only shapes, strides, dtypes and pointers are read."""
+    from mla_variants.api import _fast_validate
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    a = _args()
+    args = (a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"])
+    out = torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16)
+    lse = torch.zeros(2, 16, 1)
+    c = _fast_validate(*args, out, lse)
+    assert c is not None and c.out is out and c.lse is lse and (c.batch, c.num_heads, c.page_size) == (2, 16, 64)
+    wide = torch.zeros(2, 1, 16, 1024, dtype=torch.bfloat16)[..., :512]  # row stride 1024: plain enough
+    assert _fast_validate(*args, wide, lse) is not None
+    assert _fast_validate(*args, None, None) is not None
+    unusual = {
+        "out shape": torch.zeros(2, 1, 16, 256, dtype=torch.bfloat16),
+        "out dtype": torch.zeros(2, 1, 16, 512, dtype=torch.float16),
+        "out column stride": torch.zeros(2, 1, 16, 1024, dtype=torch.bfloat16)[..., ::2],
+        "out rows overlap": torch.zeros(2 * 16 * 512, dtype=torch.bfloat16).as_strided((2, 1, 16, 512), (512, 512, 256, 1)),
+        "out head stride not a multiple of 4": torch.zeros(2 * 16 * 514, dtype=torch.bfloat16).as_strided(
+            (2, 1, 16, 512), (16 * 514, 16 * 514, 514, 1)),
+        "out expanded": torch.zeros(1, 1, 1, 512, dtype=torch.bfloat16).expand(2, 1, 16, 512),
+    }
+    for what, bad in unusual.items():
+        assert _fast_validate(*args, bad, lse) is None, what
+    assert _fast_validate(*args, out, torch.zeros(2, 16, 2)[..., :1]) is None, "lse not contiguous"
+    assert _fast_validate(*args, out, torch.zeros(2, 16, 1, dtype=torch.float64)) is None, "lse dtype"
+
+
 def test_debug_must_be_a_bool():
     """debug="no" once turned the checks (and their synchronization) on."""
     a = _args()
