@@ -130,6 +130,15 @@ def load_cases(args) -> tuple[list[dict], dict, str | None]:
     return generated_grid(), {}, None
 
 
+def cases_q_len(cases: list[dict], meta: dict) -> int:
+    """The q_len of a run: each case's own "q_len" (the modes file gives it per case), else the
+    anchors file's top-level one, else 1. A run measures one q_len; cases that mix them exit."""
+    q_lens = sorted({int(c.get("q_len", meta.get("q_len", 1))) for c in cases})
+    if len(q_lens) != 1:
+        sys.exit(f"the selected cases mix q_len {q_lens}: select one --mode")
+    return q_lens[0]
+
+
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -619,7 +628,7 @@ def main(argv=None) -> int:
         print("no case matches the filters", file=sys.stderr)
         return 1
     ceilings = {**DEFAULT_CEILINGS, **meta.get("ceilings", {})}
-    q_len = int(meta.get("q_len", 1))
+    q_len = cases_q_len(cases, meta)
     dtype = DTYPES[args.dtype]
     device = torch.device("cuda", torch.cuda.current_device())
     env = environment()

@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     setup = bench.tool_setup(argv, __doc__, "timeline")
     if setup is None:
         return 1
-    args, cases, _ = setup
+    args, cases, meta = setup
+    q_len = bench.cases_q_len(cases, meta)
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
@@ -87,9 +88,9 @@ def main(argv=None) -> int:
     print(f"{'heads':>5} {'batch':>5} {'seq':>6} {'page':>4} {'rag':>3} {'splits':>6} "
           f"{'lead':>6} {'decode':>8} {'gap':>6} {'combine':>8} {'total':>8}  (us, median of {args.reps})")
     for case in cases:
-        splits = bench.case_splits(case, args, 1, sm_count)
+        splits = bench.case_splits(case, args, q_len, sm_count)
         heads, page, seq_lens = case["num_heads"], case["page_size"], case["seq_lens"]
-        inputs = bench.build_inputs(pool, seq_lens, heads, page, 1, dtype, gen)
+        inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         batch = len(seq_lens)
         call, out, lse = bench.decode_call(inputs, splits)
         if args.balanced:  # MLADecodePlan.run after schedule() (as bench.py --balanced)

@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     if setup is None:
         return 1
     args, cases, meta = setup
-    q_len = int(meta.get("q_len", 1))
+    q_len = bench.cases_q_len(cases, meta)
     device = torch.device("cuda")
     dtype = bench.DTYPES[args.dtype]
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count

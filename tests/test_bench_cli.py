@@ -24,6 +24,24 @@ def test_default_anchors_file_follows_dtype_and_mode(bench, dtype, mode, name):
     assert bench.default_anchors_name(args.dtype, args.mode) == name
 
 
+def test_a_mode_runs_at_its_cases_q_len(bench, tmp_path):
+    """The modes file gives q_len per case, not at its top level: --mode bf16_q2 must measure q_len 2
+    (until session 29 the run took the missing top-level value and measured q_len 1)."""
+    import json
+    case = dict(num_heads=16, batch=2, seq_mean=64, page_size=64, ragged=False)
+    data = {"gpu": "H200", "cases": [dict(case, mode="bf16_q1", q_len=1), dict(case, mode="bf16_q2", q_len=2),
+                                     dict(case, mode="fp8_q1", q_len=1)]}
+    path = tmp_path / "modes.json"
+    path.write_text(json.dumps(data))
+    for mode, want in (("bf16_q2", 2), ("bf16_q1", 1), (None, 1)):
+        args = bench.parse_args(["--anchors", str(path)] + (["--mode", mode] if mode else []))
+        cases, meta, _ = bench.load_cases(args)
+        assert len(cases) == 1 and bench.cases_q_len(cases, meta) == want, mode
+    assert bench.cases_q_len([case], {"q_len": 3}) == 3 and bench.cases_q_len([case], {}) == 1
+    with pytest.raises(SystemExit, match="mix q_len"):
+        bench.cases_q_len([dict(case, q_len=1), dict(case, q_len=2)], {})
+
+
 def test_tree_hash_is_stable_and_printed_without_a_gpu(bench, capsys):
     first = bench.tree_hash()
     assert len(first) == 64 and set(first) <= set("0123456789abcdef")
