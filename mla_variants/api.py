@@ -178,6 +178,9 @@ def _check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:
         _fail(arg, f"dtype {want}", t.dtype)
     if device is not None and t.device != device:
         _fail(arg, f"a tensor on {device} (where q is)", t.device)
+    if t.is_neg():  # the kernel reads and writes the memory, which holds the un-negated values
+        _fail(arg, "a tensor whose memory holds its values (call .resolve_neg() first)",
+              "a lazily negated view (is_neg() is True)")
 
 
 def _check_layout(arg: str, t: torch.Tensor, align_elems: int) -> None:
@@ -361,7 +364,7 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
             q_nope = q_pe = q
             qp_off = KV_LORA_RANK * 2
             qp_st = st
-        else:
+        elif type(q) in (tuple, list) and len(q) == 2:  # _validate accepts no other sequence
             q_nope, q_pe = q
             qs, st, dtype = q_nope.shape, q_nope.stride(), q_nope.dtype
             ps, qp_st = q_pe.shape, q_pe.stride()
@@ -369,6 +372,8 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
                     or q_pe.dtype is not dtype or q_pe.get_device() != q_nope.get_device():
                 return None
             qp_off = 0
+        else:
+            return None
         batch, q_len, heads = qs[0], qs[1], qs[2]
         dev = q_nope.get_device()
         if dtype not in _DTYPES or dev < 0 or not 1 <= q_len <= MAX_Q_LEN or heads < 1 or batch < 1:
@@ -401,6 +406,9 @@ def _fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, 
         if lse is not None and (lse.shape != (batch, heads, q_len) or lse.dtype is not torch.float32
                                 or lse.get_device() != dev or not lse.is_contiguous()):
             return None
+        if (q_nope.is_neg() or q_pe.is_neg() or kv_cache.is_neg() or block_table.is_neg() or seq_lens.is_neg()
+                or (out is not None and out.is_neg()) or (lse is not None and lse.is_neg())):
+            return None  # a lazily negated view: _validate names it
         c = _Call()
         c.qn_ptr = q_nope.data_ptr()
         c.qp_ptr = c.qn_ptr + qp_off if qp_off else q_pe.data_ptr()
@@ -613,8 +621,10 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
     if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
         _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
+    if workspace is not None and (workspace.layout is not torch.strided or workspace.is_nested):
+        _fail("workspace", "a dense (strided) tensor", f"layout {workspace.layout}{' (nested)' if workspace.is_nested else ''}")
     if out is not None or lse is not None or workspace is not None:
-        _check_disjoint(c, type(q) is not torch.Tensor, k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
+        _check_disjoint(c, not isinstance(q, torch.Tensor), k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
     if c.out is None:
         c.out = torch.empty((c.batch, c.q_len, c.num_heads, KV_LORA_RANK), dtype=c.dtype, device=c.device)
     if c.lse is None:

@@ -241,7 +241,7 @@ class MLADecodePlan:
         if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is not self.kv_dtype:
             _fail("kv_cache", f"{self.kv_dtype} (this plan's kv_dtype)", kv_cache.dtype)
         c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse, k_scale)
-        _check_disjoint(c, type(q) is not torch.Tensor, k_scale,
+        _check_disjoint(c, not isinstance(q, torch.Tensor), k_scale,
                         (("out", out), ("lse", lse), ("workspace (the plan's)", self.workspace)))
         if (c.num_heads, c.page_size, c.q_len, c.dtype) != (self.num_heads, self.page_size, self.q_len, self.dtype):
             _fail("q/kv_cache", f"num_heads={self.num_heads}, page_size={self.page_size}, q_len={self.q_len}, "

@@ -155,8 +155,11 @@ def test_outputs_sharing_memory_with_inputs_are_rejected():
     case = make_paged_case([700, 3], h, p, 1, DT[d], generator=torch.Generator().manual_seed(8))
     b, ql, hh = case.q.shape[:3]
     args = (case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
-    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q"):
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q,"):
         mla_decode(*args, out=case.q[..., :512])
+    q_param = torch.nn.Parameter(case.q, requires_grad=False)  # a Tensor subclass is still one q, not a pair
+    with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q,"):
+        mla_decode(q_param, *args[1:], out=case.q[..., :512])
     q_nope, q_pe = case.q[..., :512], case.q[..., 512:]
     with pytest.raises(MLAInputError, match="out: expected memory of its own, not overlapping q_nope"):
         mla_decode((q_nope, q_pe), *args[1:], out=q_nope)

@@ -1,5 +1,6 @@
 """Every wrong input to mla_decode raises MLAInputError naming the argument, the expectation and the value.
 Runs on the CPU: validation happens before anything touches the GPU or the library."""
+import collections
 import re
 
 import pytest
@@ -130,6 +131,40 @@ def test_fast_path_sends_unusual_outputs_to_the_full_check(monkeypatch):
         assert _fast_validate(*args, bad, lse) is None, what
     assert _fast_validate(*args, out, torch.zeros(2, 16, 2)[..., :1]) is None, "lse not contiguous"
     assert _fast_validate(*args, out, torch.zeros(2, 16, 1, dtype=torch.float64)) is None, "lse dtype"
+    # a lazily negated view of any tensor, and a q pair in anything but a tuple or list
+    neg = torch._neg_view
+    assert _fast_validate(*args, out, neg(lse)) is None and _fast_validate(*args, neg(out), lse) is None
+    for i in range(4):
+        assert _fast_validate(*[neg(x) if j == i else x for j, x in enumerate(args[:4])], args[4], out, lse) is None, i
+    q = a["q"]
+    assert _fast_validate((q[..., :512], q[..., 512:]), *args[1:], out, lse) is not None
+    assert _fast_validate(collections.deque([q[..., :512], q[..., 512:]]), *args[1:], out, lse) is None
+    assert _fast_validate(iter([q[..., :512], q[..., 512:]]), *args[1:], out, lse) is None
+
+
+@pytest.mark.parametrize("arg", ["q", "kv_cache", "block_table", "seq_lens", "out", "lse"])
+def test_a_lazily_negated_view_is_refused(arg):
+    """A view with is_neg() (e.g. a complex tensor's .conj().imag) shows negated values but its memory
+    holds the others, which the kernel reads or writes: refused, naming the argument."""
+    outs = {"out": torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), "lse": torch.zeros(2, 16, 1)}
+    a = _args()
+    kw = {}
+    if arg in outs:
+        kw[arg] = torch._neg_view(outs[arg])
+    else:
+        a[arg] = torch._neg_view(a[arg])
+    with pytest.raises(MLAInputError, match=f"^{arg}: expected a tensor whose memory holds its values"):
+        mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"], **kw)
+
+
+def test_a_sparse_workspace_is_an_input_error(monkeypatch):
+    """A workspace that is not dense gets an MLAInputError naming it (it reached the overlap check,
+    which raised torch's RuntimeError). CPU tensors made to report device 0, past the device checks."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    a = _args()
+    with pytest.raises(MLAInputError, match="^workspace: expected a dense"):
+        mla_decode(a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"],
+                   workspace=torch.zeros(64, 64).to_sparse())
 
 
 def test_debug_must_be_a_bool():
