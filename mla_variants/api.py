@@ -557,9 +557,16 @@ def _launch(c: _Call, launches, num_kv_splits: int, workspace: torch.Tensor | No
         lib.launch(symbol, packed)
 
 
-def _check_workspace(workspace, need: int, device, what: str) -> None:
-    if not isinstance(workspace, torch.Tensor) or workspace.device != device:
+def _check_workspace_tensor(workspace, device: torch.device) -> None:
+    """A caller's workspace is a dense tensor on the call's device (before anything reads its bytes)."""
+    if not isinstance(workspace, torch.Tensor) or workspace.get_device() != device.index:
         _fail("workspace", f"a tensor on {device}", type(workspace).__name__ if not isinstance(workspace, torch.Tensor) else workspace.device)
+    if workspace.layout is not torch.strided or workspace.is_nested:
+        _fail("workspace", "a dense (strided) tensor", f"layout {workspace.layout}{' (nested)' if workspace.is_nested else ''}")
+
+
+def _check_workspace(workspace, need: int, device, what: str) -> None:
+    _check_workspace_tensor(workspace, device)
     nbytes = workspace.numel() * workspace.element_size()
     if not workspace.is_contiguous() or nbytes < need or workspace.data_ptr() % 16:
         _fail("workspace", f"a contiguous, 16-byte aligned tensor of at least {need} bytes ({what})",
@@ -619,10 +626,8 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     if debug is not False and debug is not True:
         _fail("debug", "a bool", _shown(debug))
     c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
-    if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.get_device() != c.device_index):
-        _fail("workspace", f"a tensor on {c.device}", workspace.device if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
-    if workspace is not None and (workspace.layout is not torch.strided or workspace.is_nested):
-        _fail("workspace", "a dense (strided) tensor", f"layout {workspace.layout}{' (nested)' if workspace.is_nested else ''}")
+    if workspace is not None:
+        _check_workspace_tensor(workspace, c.device)
     if out is not None or lse is not None or workspace is not None:
         _check_disjoint(c, not isinstance(q, torch.Tensor), k_scale, (("out", out), ("lse", lse), ("workspace", workspace)))
     if c.out is None:
