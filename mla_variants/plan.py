@@ -15,7 +15,7 @@ from . import _binding
 import struct
 
 from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _uses_st, _Call,
-                  _check_disjoint, _check_workspace, _choose, _current_stream, _fail, _launch, _shown, _pack, _sm_count, _validate,
+                  _check_disjoint, _check_tensor, _check_workspace, _choose, _current_stream, _fail, _launch, _shown, _pack, _sm_count, _validate,
                   workspace_size)
 from .dispatch import VariantNotCompiledError
 
@@ -147,6 +147,7 @@ class MLADecodePlan:
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
             _fail("seq_lens", "an int32 tensor [batch]", type(seq_lens).__name__ if not isinstance(seq_lens, torch.Tensor)
                   else f"{seq_lens.dtype} tensor of shape {tuple(seq_lens.shape)}")
+        _check_tensor("seq_lens", seq_lens, 1)  # dense, not a lazily negated view (as run checks it)
         if seq_lens.device != self.device or not seq_lens.is_contiguous():
             _fail("seq_lens", f"a contiguous tensor on {self.device}", f"device {seq_lens.device}, strides {seq_lens.stride()}")
         batch = seq_lens.shape[0]

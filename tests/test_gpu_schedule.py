@@ -128,6 +128,8 @@ def test_schedule_argument_errors():
         plan.schedule(torch.zeros(4, dtype=torch.int64, device="cuda"))
     with pytest.raises(MLAInputError, match="seq_lens: expected 1 to max_batch=4 requests"):
         plan.schedule(torch.zeros(5, dtype=torch.int32, device="cuda"))
+    with pytest.raises(MLAInputError, match="seq_lens: expected a tensor whose memory holds its values"):
+        plan.schedule(torch._neg_view(torch.full((4,), -100, dtype=torch.int32, device="cuda")))
     with pytest.raises(MLAInputError, match="overhead_tiles"):
         plan.schedule(torch.zeros(4, dtype=torch.int32, device="cuda"), overhead_tiles=0)
     case = make_paged_case([10, 20, 30], heads, page)
