@@ -116,9 +116,15 @@ def load_cases(args) -> tuple[list[dict], dict, str | None]:
         # A file of several modes (anchors-h200-modes.json) keeps the cases of --mode, by default the
         # one matching --dtype at q_len 1 (fp8_q1 for fp8_e4m3, else bf16_q1).
         mode = args.mode or ("fp8_q1" if args.dtype == "fp8_e4m3" else "bf16_q1")
+        if args.mode not in (None, "bf16_q1") and not any(c.get("mode") == args.mode for c in data["cases"]):
+            sys.exit(f"--mode {args.mode}: {path} has no case of that mode (modes there: "
+                     f"{sorted({c['mode'] for c in data['cases'] if 'mode' in c}) or 'none'})")
         for c in data["cases"]:
             if "mode" in c and c["mode"] != mode:
                 continue
+            if "kv_dtype" in c and (c["kv_dtype"] == "fp8") != (args.dtype == "fp8_e4m3"):
+                sys.exit(f"--dtype {args.dtype}: {path}'s {mode} cases have a {c['kv_dtype']} cache "
+                         f"(their peer times would not compare)")
             c = dict(c)
             c.setdefault("seq_lens", [c["seq_mean"]] * c["batch"])
             cases.append(c)
@@ -126,17 +132,23 @@ def load_cases(args) -> tuple[list[dict], dict, str | None]:
         return cases, meta, str(path)
     if args.anchors:
         sys.exit(f"--anchors {path}: no such file")
+    if args.mode not in (None, "bf16_q1"):
+        sys.exit(f"--mode {args.mode}: no anchors file at {path} (the generated grid has q_len 1 only)")
     print(f"note: no anchors file at {path}; generating the grid (no peer numbers)", flush=True)
     return generated_grid(), {}, None
 
 
 def cases_q_len(cases: list[dict], meta: dict) -> int:
     """The q_len of a run: each case's own "q_len" (the modes file gives it per case), else the
-    anchors file's top-level one, else 1. A run measures one q_len; cases that mix them exit."""
-    q_lens = sorted({int(c.get("q_len", meta.get("q_len", 1))) for c in cases})
+    anchors file's top-level one, else 1 (also for no cases). A run measures one q_len (1 to 8); cases
+    that mix them, or a value out of range, exit with a message."""
+    q_lens = {c.get("q_len", meta.get("q_len", 1)) for c in cases} or {meta.get("q_len", 1)}
+    bad = [q for q in q_lens if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 8]
+    if bad:
+        sys.exit(f"anchors: q_len must be an int from 1 to 8, got {bad[0]!r}")
     if len(q_lens) != 1:
-        sys.exit(f"the selected cases mix q_len {q_lens}: select one --mode")
-    return q_lens[0]
+        sys.exit(f"the selected cases mix q_len {sorted(q_lens)}: select one --mode")
+    return q_lens.pop()
 
 
 def _int_list(text: str) -> list[int]:

@@ -40,6 +40,32 @@ def test_a_mode_runs_at_its_cases_q_len(bench, tmp_path):
     assert bench.cases_q_len([case], {"q_len": 3}) == 3 and bench.cases_q_len([case], {}) == 1
     with pytest.raises(SystemExit, match="mix q_len"):
         bench.cases_q_len([dict(case, q_len=1), dict(case, q_len=2)], {})
+    assert bench.cases_q_len([], {}) == 1  # an empty selection (trace.py, timeline.py) runs nothing
+    for bad in (2.7, None, "2", 0, 9, True):
+        with pytest.raises(SystemExit, match="q_len must be an int from 1 to 8"):
+            bench.cases_q_len([dict(case, q_len=bad)], {})
+
+
+def test_a_mode_or_dtype_the_anchors_do_not_hold_is_refused(bench, tmp_path, monkeypatch):
+    """--mode bf16_q2 on a file without that mode (or on the generated grid) would measure q_len 1 under
+    a q_len-2 label, and --dtype bf16 on fp8 cases would compare a bf16 run with fp8 peers: both exit."""
+    import json
+    case = dict(num_heads=16, batch=2, seq_mean=64, page_size=64, ragged=False)
+    plain, modes = tmp_path / "plain.json", tmp_path / "modes.json"
+    plain.write_text(json.dumps({"cases": [case]}))
+    modes.write_text(json.dumps({"cases": [dict(case, mode="fp8_q1", q_len=1, kv_dtype="fp8"),
+                                           dict(case, mode="bf16_q2", q_len=2, kv_dtype="bf16")]}))
+    with pytest.raises(SystemExit, match="has no case of that mode"):
+        bench.load_cases(bench.parse_args(["--anchors", str(plain), "--mode", "bf16_q2"]))
+    monkeypatch.setattr(bench, "default_anchors_path", lambda name: tmp_path / "missing.json")
+    with pytest.raises(SystemExit, match="no anchors file"):
+        bench.load_cases(bench.parse_args(["--mode", "bf16_q2"]))
+    with pytest.raises(SystemExit, match="cases have a fp8 cache"):
+        bench.load_cases(bench.parse_args(["--anchors", str(modes), "--mode", "fp8_q1"]))
+    with pytest.raises(SystemExit, match="cases have a bf16 cache"):
+        bench.load_cases(bench.parse_args(["--anchors", str(modes), "--mode", "bf16_q2", "--dtype", "fp8_e4m3"]))
+    assert len(bench.load_cases(bench.parse_args(["--anchors", str(modes), "--dtype", "fp8_e4m3"]))[0]) == 1
+    assert len(bench.load_cases(bench.parse_args(["--anchors", str(plain)]))[0]) == 1
 
 
 def test_tree_hash_is_stable_and_printed_without_a_gpu(bench, capsys):
