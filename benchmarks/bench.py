@@ -418,7 +418,7 @@ def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
     page = case["page_size"]
     width = max(max(-(-n // page) for n in case["seq_lens"]), 1)
     return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count,
-                                 fp8=args.dtype == "fp8_e4m3")
+                                 page_size=page, kv_dtype=args.dtype)
 
 
 def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,
@@ -551,7 +551,7 @@ def environment() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def parse_args(argv=None, description: str | None = None, extra=None):
-    """The benchmark's options (benchmarks/timeline.py and trace.py reuse them with their own
+    """The benchmark's options (lab/timeline.py and lab/trace.py reuse them with their own
     description; extra(parser), when given, adds a tool's own options)."""
     p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,

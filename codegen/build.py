@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .render import ROOT, write_if_changed
+from .render import ROOT, cudaflags, write_if_changed
 from .variant import Variant
 
 LIBRARY_NAME = "libmla_variants.so"
@@ -113,8 +113,8 @@ class BuildSummary:
 def configure_args(generated_dir: Path, build_dir: Path) -> list[str]:
     """The CMake configure command for a build folder (its JSON is the folder's configure stamp).
 
-    Extra nvcc flags (kernel switches such as -DMLA_TMA=0) come from the CUDAFLAGS environment variable
-    and are passed explicitly: CMake itself reads CUDAFLAGS only when a build folder is first configured,
+    Extra nvcc flags (the diagnostic build's -DMLA_TRACE=1) come from the CUDAFLAGS environment variable
+    (also part of every generated file's inputs hash and of the manifest) and are passed explicitly: CMake itself reads CUDAFLAGS only when a build folder is first configured,
     so a changed value would be ignored; here it changes the stamp, which reconfigures, and ninja then
     recompiles every object whose command line changed."""
     return [
@@ -122,7 +122,7 @@ def configure_args(generated_dir: Path, build_dir: Path) -> list[str]:
         f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}", f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
         f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
         "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_FLAGS={os.environ.get('CUDAFLAGS', '')}",
+        f"-DCMAKE_CUDA_FLAGS={cudaflags()}",
     ]
 
 

@@ -1,14 +1,13 @@
 """Command line: ``mla-variants`` (console script) or ``python -m codegen``.
 
-    mla-variants build  [--preset NAME] [--filter PATTERN ...] [-j N]   render, configure, compile, emit dispatch
-    mla-variants generate [--preset NAME] [--filter PATTERN ...]        render sources only (no dispatch table)
-    mla-variants list                                                    print the dispatch table of the last build
+    mla-variants build  [--preset NAME] [--filter PATTERN ...] [-j N]   render, configure, compile, write the manifest
+    mla-variants generate [--preset NAME] [--filter PATTERN ...]        render sources only (no manifest)
+    mla-variants list                                                    print the manifest of the last build
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib.util
 import json
 import os
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
 from .config import ConfigError, load_config
-from .render import ROOT, render, write_dispatch
+from .render import ROOT, render, write_manifest
 from .variant import Variant
 
 
@@ -65,44 +64,40 @@ def _selected(args) -> list[Variant]:
     return config, chosen
 
 
-def _load_dispatch(generated_dir: Path):
-    path = generated_dir / "dispatch.py"
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_mla_dispatch_listing", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def cmd_list(args) -> int:
-    mod = _load_dispatch(Path(args.generated_dir))
-    if mod is None:
-        print(f"no dispatch table in {args.generated_dir}: run `mla-variants build --generated-dir {args.generated_dir}` "
-              f"first (`generate` writes no table)", file=sys.stderr)
+    path = Path(args.generated_dir) / "manifest.json"
+    if not path.is_file():
+        print(f"no manifest in {args.generated_dir}: run `mla-variants build --generated-dir {args.generated_dir}` "
+              f"first (`generate` writes none)", file=sys.stderr)
         return 1
-    # The registers come from the build that made the table's library (its folder), else --build-dir.
-    library = (Path(args.generated_dir) / mod.LIBRARY).resolve()
+    manifest = json.loads(path.read_text())
+    # The registers come from the build that made the manifest's library (its folder), else --build-dir.
+    library = (Path(args.generated_dir) / manifest["library"]).resolve()
     usage = {}
     for usage_path in (library.parent / "resource_usage.json", Path(args.build_dir) / "resource_usage.json"):
         if usage_path.exists():
             usage = json.loads(usage_path.read_text())
             break
-    print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>8} {'split':>5}  {'registers':>9}  launcher")
-    for (h, p, d, s), name in sorted(mod.VARIANTS.items()):
-        regs = usage.get(name, {}).get("registers", "?")
-        print(f"{h:>9} {p:>9} {d:>8} {str(s).lower():>5}  {regs:>9}  {name}")
-    print(f"{_count(len(mod.VARIANTS), 'variant')}, library {library}")
+    print(f"{'num_heads':>9} {'page_size':>9} {'dtype':>8} {'split':>5} {'rows':>4} {'second kernel':>13}  "
+          f"{'registers':>9}  launcher")
+    entries = sorted(manifest["variants"], key=lambda e: (e["num_heads"], e["page_size"], e["dtype"], e["split"]))
+    for e in entries:
+        f = e["facts"]
+        regs = usage.get(e["name"], {}).get("registers", "?")
+        print(f"{e['num_heads']:>9} {e['page_size']:>9} {e['dtype']:>8} {str(e['split']).lower():>5} "
+              f"{f['rows_per_cta']:>4} {f['second_kernel'] or '-':>13}  {regs:>9}  {e['name']}")
+    flags = f", CUDAFLAGS {manifest['cudaflags']!r}" if manifest.get("cudaflags") else ""
+    print(f"{_count(len(entries), 'variant')}, library {library}{flags}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mla-variants", description="Generate, build and list MLA decode kernel variants.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, help_ in (("build", "render, compile and emit the dispatch table"),
-                        ("generate", "render the sources, sources.cmake and manifest only (the dispatch table is "
-                                     "written by build, once the library links)"),
-                        ("list", "print the dispatch table of the last build")):
+    for name, help_ in (("build", "render, compile and write the manifest (the runtime's dispatch table)"),
+                        ("generate", "render the sources and sources.cmake only (the manifest, which the runtime "
+                                     "loads, is written by build once the library links)"),
+                        ("list", "print the variants of the last build (its manifest)")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--config", default=str(ROOT / "variants.yaml"), help="variants file (default: %(default)s)")
         p.add_argument("--generated-dir", default=str(ROOT / "generated"), help="rendered sources (default: %(default)s)")
@@ -120,15 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(args)
         config, chosen = _selected(args)
         gen, bdir = Path(args.generated_dir), Path(args.build_dir)
-        # the dispatch table is written only after the library links, so a failed build leaves the
-        # previous table and library consistent
-        res = render(config, chosen, gen, bdir / LIBRARY_NAME, dispatch=False)
+        # the manifest is written only after the library links, so a failed build leaves the previous
+        # manifest and library consistent
+        res = render(config, chosen, gen, bdir / LIBRARY_NAME)
         echo_flush(f"rendered {_count(len(chosen), 'variant')} into {gen} ({_count(len(res.written), 'file')} written, "
                    f"{len(res.removed)} stale removed)")
         if args.cmd == "generate":
             return 0
         s = build(gen, bdir, chosen, args.jobs, echo=echo_flush)
-        write_dispatch(res)
+        write_manifest(res)
         regs = [r.get("registers") for r in s.usage.values() if r.get("registers")]
         echo_flush(f"built {_count(s.variants, 'variant')} ({_count(s.compiled, 'translation unit')} compiled) in {s.seconds:.1f} s; "
                    f"library {s.library} ({s.library_bytes / 2**20:.1f} MiB)"

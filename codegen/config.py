@@ -7,12 +7,14 @@ The schema (see README.md, "variants.yaml reference"):
     arch:    sm_90a
     axes:    {num_heads: [...], page_size: [...], dtype: [...], split: [...]}
     presets: {<name>: {description: str, num_heads: [...], page_size: [...], dtype: [...], split: [...]}}
-    exclude: [{<axis>: [...], ...}, ...]                  # optional
+    exclude: [{<axis or path>: [...], ...}, ...]          # optional
 
 A preset selects a subset of the axes (a missing axis means all of its values); a value outside the
 axes is an impossible combination. An exclude rule drops every variant whose value on each axis the
 rule names is among the rule's values (the axes it does not name match anything), from the full build
-and from every preset, as CUTLASS's generator leaves out the kernels its filters reject.
+and from every preset, as CUTLASS's generator leaves out the kernels its filters reject. A rule may
+also name `path`: the kernel path a variant runs (PathFacts: "transposed" for at most 32 heads,
+"rows64" above), so that a rule about a path keeps holding for head counts added later.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import yaml
 from .variant import DTYPES, Variant
 
 AXES = ("num_heads", "page_size", "dtype", "split")
+PATHS = ("transposed", "rows64")  # exclude rules' `path` values (Variant.path)
 SUPPORTED_ARCHS = ("sm_90a",)
 FIXED_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
 MAX_NUM_HEADS = 128  # rows beyond this are served by launching head groups
@@ -92,7 +95,7 @@ class ExcludeRule:
     line: int
 
     def drops(self, v: Variant) -> bool:
-        fields = dict(zip(AXES, (v.num_heads, v.page_size, v.dtype, v.split)))
+        fields = dict(zip(AXES, (v.num_heads, v.page_size, v.dtype, v.split)), path=v.path)
         return all(fields[axis] in vals for axis, vals in self.values.items())
 
 
@@ -150,6 +153,19 @@ class _Reader:
         if text is None or explicit_tag or (node.style is None and node.tag != "tag:yaml.org,2002:str") or not text.strip():
             self.fail(node, f"{what}: expected a non-empty string, got {shown}")
         return text
+
+    def path_values(self, node: yaml.Node, what: str) -> tuple:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            self.fail(node, f"{what}: expected a list such as [transposed]")
+        values = []
+        for item in node.value:
+            v = self.scalar(item, what, str)
+            if v not in PATHS:
+                self.fail(item, f"{what}: unknown path {v!r}; paths: {', '.join(PATHS)}")
+            if v in values:
+                self.fail(item, f"{what}: value {v!r} is listed twice")
+            values.append(v)
+        return tuple(values)
 
     def axis_values(self, axis: str, node: yaml.Node, what: str) -> tuple:
         if not isinstance(node, yaml.SequenceNode):
@@ -226,11 +242,14 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
         if not isinstance(enode, yaml.SequenceNode):
             r.fail(enode, "exclude: expected a list of rules such as {split: [false], num_heads: [8, 16]}")
         for i, rule in enumerate(enode.value):
-            fields = r.mapping(rule, f"exclude[{i}]", AXES)
+            fields = r.mapping(rule, f"exclude[{i}]", AXES + ("path",))
             if not fields:
                 r.fail(rule, f"exclude[{i}]: expected at least one axis (an empty rule would drop every variant)")
             vals = {}
             for axis, (k, v) in fields.items():
+                if axis == "path":
+                    vals[axis] = r.path_values(v, f"exclude[{i}].path")
+                    continue
                 vals[axis] = r.axis_values(axis, v, f"exclude[{i}].{axis}")
                 for val, item in zip(vals[axis], v.value):
                     if val not in axes[axis]:

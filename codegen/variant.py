@@ -1,13 +1,19 @@
-"""The identity of one compiled kernel variant.
+"""The identity of one compiled kernel variant, and its path facts.
 
 A variant is the tuple (num_heads, page_size, dtype, split). Its ``name`` is a pure function of those
 fields and is the single string used for the generated file, the exported C symbol, the manifest
 entry and the dispatch key; :meth:`Variant.from_name` parses it back.
+
+:class:`PathFacts` says which kernels a variant runs (rows per CTA, its second kernel and when that one
+runs, TMA, the balanced schedule). Computed here once per variant, the facts are rendered into the
+variant's translation unit, where templates/mla/launch.cuh static_asserts them against the C++ traits
+(templates/mla/config.cuh VariantTraits), and written into the build's manifest.json, which the Python
+runtime reads: no other place derives them.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 #: dtype token in variants.yaml -> (C++ kv_cache element type, torch dtype name of the kv_cache).
 #: bf16 and fp16 variants take q and write out in the cache's dtype; fp8_e4m3 variants read a
@@ -17,6 +23,63 @@ DTYPES: dict[str, tuple[str, str]] = {
     "fp16": ("cutlass::half_t", "float16"),
     "fp8_e4m3": ("cutlass::float_e4m3_t", "float8_e4m3fn"),
 }
+
+# The C++ policy values the facts depend on (templates/mla/config.cuh; the build checks they agree).
+TILE_KEYS = 64                # kBlockN: keys per tile; splits hold whole tiles
+ROWS_64 = 64                  # kBlockM: query rows per CTA of the 64-row path
+ST_MAX_HEADS = 32             # kUseSt: at most this many heads run the transposed path
+ST32_MIN_KEYS = 1024          # kSt32MinKeys: 17..32-head 16-bit launches with shorter splits run the 64-row kernel
+FP8_SHORT_SPLIT_KEYS = 128    # kFp8ShortSplitKeys: fp8 64-row split launches with splits this short run 32-token tiles
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """Which kernels a variant runs; the same fields, in order, as templates/mla/config.cuh PathFacts.
+
+    rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel: 8 / 16 / 32 on the
+        transposed path (at most 32 heads), 64 on the 64-row path.
+    second_kernel: None, "short_split" (fp8 split variants of the 64-row path: 32-token tiles) or "rows64"
+        (17..32-head bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
+        split of a launch holds at most second_max_split_keys keys (second_rows_per_cta rows per CTA).
+    tma / second_tma: whether the own / second kernel loads full tiles by TMA (64-row kernels on pages
+        that are multiples of 64).
+    balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
+        path with a 16-bit cache).
+    tile_keys: keys per tile (splits are whole tiles).
+    """
+
+    rows_per_cta: int
+    second_kernel: str | None
+    second_max_split_keys: int
+    tma: bool
+    second_tma: bool
+    balanced_schedule: bool
+    tile_keys: int = TILE_KEYS
+    second_rows_per_cta: int = ROWS_64
+
+    @classmethod
+    def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
+        fp8 = dtype == "fp8_e4m3"
+        transposed = num_heads <= ST_MAX_HEADS
+        rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64
+        second = ("short_split" if fp8 and split and not transposed
+                  else "rows64" if not fp8 and rows == 32 else None)
+        max_keys = {"short_split": FP8_SHORT_SPLIT_KEYS, "rows64": ST32_MIN_KEYS - TILE_KEYS, None: 0}[second]
+        tma_pages = page_size % TILE_KEYS == 0
+        return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
+                   tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
+                   balanced_schedule=split and not transposed and not fp8)
+
+    def cpp(self) -> str:
+        """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""
+        kind = {None: "kNone", "short_split": "kShortSplit", "rows64": "kRows64"}[self.second_kernel]
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return (f"mla::PathFacts<{self.rows_per_cta}, mla::SecondKernel::{kind}, {self.second_max_split_keys}, "
+                f"{b(self.tma)}, {b(self.second_tma)}, {b(self.balanced_schedule)}, {self.tile_keys}>")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
 
 _NAME_RE = re.compile(r"^mla_decode_h(?P<h>[1-9][0-9]*)_p(?P<p>[1-9][0-9]*)_(?P<d>[a-z0-9]+(?:_[a-z0-9]+)*?)_(?P<s>split|nosplit)$")
 
@@ -63,18 +126,22 @@ class Variant:
         return DTYPES[self.dtype][0]
 
     @property
+    def facts(self) -> PathFacts:
+        return PathFacts.of(self.num_heads, self.page_size, self.dtype, self.split)
+
+    @property
+    def path(self) -> str:
+        """The kernel path of the variant's own kernel: "transposed" (at most 32 heads) or "rows64"."""
+        return "rows64" if self.facts.rows_per_cta == ROWS_64 else "transposed"
+
+    @property
     def units(self) -> tuple[tuple[str, str], ...]:
         """The variant's generated translation units as (file relative to generated/variants, template in
-        templates/): ``<name>.cu`` (its launcher and own kernels) from variant.cu.j2 and, for fp8 split
-        variants, ``<name>_short.cu`` (the short-split kernel, templates/mla/short_split.cuh), for bf16 /
-        fp16 variants of 17..32 heads ``<name>_rows64.cu`` (their 64-row kernel beside the transposed
-        one, templates/mla/rows64.cuh). A second unit compiles to an unused stub where launch.cuh's
-        kHasShortKernel / kHasRows64Kernel is false (e.g. built with -DMLA_ST32=0)."""
+        templates/): ``<name>.cu`` (its launcher and own kernels) from variant.cu.j2 and, for a variant
+        with a second kernel (:class:`PathFacts`), ``<name>_second.cu`` from variant_second.cu.j2."""
         own = (f"{self.name}.cu", "variant.cu.j2")
-        if self.dtype == "fp8_e4m3" and self.split:
-            return (own, (f"{self.name}_short.cu", "variant_short.cu.j2"))
-        if self.dtype != "fp8_e4m3" and 16 < self.num_heads <= 32:
-            return (own, (f"{self.name}_rows64.cu", "variant_rows64.cu.j2"))
+        if self.facts.second_kernel is not None:
+            return (own, (f"{self.name}_second.cu", "variant_second.cu.j2"))
         return (own,)
 
     @property

@@ -106,7 +106,8 @@ def run_step(plan: Plan, case, q_len: int, compiled: set, allow_fallback: bool, 
     """One decode call on `case` (q of this q_len), timed and compared with the fp32 reference."""
     batch, heads = case.q.shape[0], case.q.shape[2]
     capacity = case.block_table.shape[1] * plan.page_size
-    splits = default_num_kv_splits(batch, heads, q_len, capacity, sm_count)  # what mla_decode picks by default
+    splits = default_num_kv_splits(batch, heads, q_len, capacity, sm_count, page_size=plan.page_size,
+                                   kv_dtype=plan.dtype)  # what mla_decode picks by default
     note = ""
     split_built = (heads, plan.page_size, plan.dtype, True) in compiled or (
         allow_fallback and is_supported(heads, plan.page_size, plan.dtype, split=True))

@@ -4,11 +4,15 @@
     out, lse = mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale)
 
 The kernels come from ``mla-variants build`` (variants.yaml -> generated/ -> build/libmla_variants.so).
+Modules: api (mla_decode), plan (MLADecodePlan), validation (argument checks), dispatch (variant choice),
+splits (the split heuristic), launching (argument packing), _binding (the library and its manifest),
+ops (torch.library ops), fp8 (fp8 cache helpers), reference (the fp32 reference), testing (test cases).
 """
 from ._binding import LibraryNotBuiltError
-from .api import (MLAInputError, default_num_kv_splits, is_supported, list_variants, mla_decode,
-                  workspace_size)
+from .api import is_supported, list_variants, mla_decode, workspace_size
 from .dispatch import VariantNotCompiledError
+from .splits import default_num_kv_splits
+from .validation import MLAInputError
 from .plan import MLADecodePlan
 from .reference import mla_decode_reference
 from . import ops  # registers torch.ops.mla_variants.mla_decode / mla_decode_out

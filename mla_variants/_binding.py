@@ -1,16 +1,20 @@
-"""The only place that touches the compiled library: locate the generated dispatch table, load the
-shared library once through ctypes, and call a launcher with an ``MlaDecodeArgs`` struct
-(templates/mla/abi.h: raw pointers, int64 strides and sizes, the CUDA stream)."""
+"""The only place that touches the compiled library: read the build's manifest (generated/manifest.json:
+the variants, their launcher symbols and path facts, the library's path), load the shared library once
+through ctypes, and call a launcher with an ``MlaDecodeArgs`` struct (templates/mla/abi.h: raw
+pointers, int64 strides and sizes, the CUDA stream)."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
+import json
 import os
 import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 4  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 5  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+
+# MlaDecodeArgs.tma_mode (abi.h MlaTmaMode): how full KV tiles on TMA pages are loaded.
+TMA_MODES = {"auto": 0, "off": 1, "require": 2}
 
 _i32, _i64, _vp, _f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
@@ -30,7 +34,7 @@ class MlaDecodeArgs(ctypes.Structure):
         ("out", _vp), ("out_stride_batch", _i64), ("out_stride_token", _i64), ("out_stride_head", _i64),
         ("lse", _vp), ("lse_stride_batch", _i64), ("lse_stride_head", _i64), ("lse_stride_token", _i64),
         ("workspace", _vp), ("workspace_bytes", _i64),
-        ("schedule", _vp), ("sched_ctas", _i32),
+        ("schedule", _vp), ("sched_ctas", _i32), ("tma_mode", _i32),
         ("stream", _vp),
     ]
 
@@ -49,44 +53,53 @@ def pack_args(*fields) -> bytes:
 
 
 class LibraryNotBuiltError(RuntimeError):
-    """No dispatch table or library was found: run ``mla-variants build`` first."""
+    """No manifest or library was found: run ``mla-variants build`` first."""
 
 
 def generated_dir() -> Path:
-    """Where the dispatch table lives: $MLA_VARIANTS_GENERATED, else <repository>/generated."""
+    """Where the manifest lives: $MLA_VARIANTS_GENERATED, else <repository>/generated."""
     env = os.environ.get("MLA_VARIANTS_GENERATED")
     return Path(env) if env else Path(__file__).resolve().parent.parent / "generated"
 
 
-def read_dispatch_table(gen_dir: Path):
-    """The generated dispatch.py of `gen_dir` as a module (VARIANTS: key -> symbol, LIBRARY, ARCH,
-    INPUTS_HASH), without loading the library. Raises LibraryNotBuiltError if there is none."""
-    table = gen_dir / "dispatch.py"
-    if not table.is_file():
+def read_manifest(gen_dir: Path) -> dict:
+    """The build's manifest.json in `gen_dir` (written by `mla-variants build` once the library linked),
+    without loading the library. Raises LibraryNotBuiltError if there is none."""
+    path = gen_dir / "manifest.json"
+    if not path.is_file():
         if os.environ.get("MLA_VARIANTS_GENERATED"):  # a folder the caller chose: build into it
             raise LibraryNotBuiltError(
-                f"no dispatch table at {table} (MLA_VARIANTS_GENERATED): build into that folder with "
+                f"no manifest at {path} (MLA_VARIANTS_GENERATED): build into that folder with "
                 f"`mla-variants build --generated-dir {gen_dir}` (and a --build-dir of your choice), or unset "
                 f"MLA_VARIANTS_GENERATED to use the repository's generated/")
         raise LibraryNotBuiltError(
-            f"no dispatch table at {table}: build the kernels first with `mla-variants build` "
+            f"no manifest at {path}: build the kernels first with `mla-variants build` "
             f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
-    spec = importlib.util.spec_from_file_location("mla_variants_dispatch_table", table)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise LibraryNotBuiltError(f"{path} is not a manifest ({e}): run `mla-variants build`") from None
+
+
+def table_of(manifest: dict) -> dict[tuple[int, int, str, bool], str]:
+    """The manifest's dispatch table: (num_heads, page_size, dtype, split) -> launcher symbol."""
+    return {(e["num_heads"], e["page_size"], e["dtype"], e["split"]): e["name"] for e in manifest["variants"]}
 
 
 class Library:
-    """A loaded build: the dispatch table (key -> symbol) and the ctypes launchers."""
+    """A loaded build: the dispatch table (key -> symbol), each variant's path facts, and the ctypes
+    launchers."""
 
     def __init__(self, gen_dir: Path):
-        table = gen_dir / "dispatch.py"
-        module = read_dispatch_table(gen_dir)
-        self.table: dict[tuple[int, int, str, bool], str] = dict(module.VARIANTS)
-        self.path = (gen_dir / module.LIBRARY).resolve()
+        from .dispatch import PathFacts
+        manifest = read_manifest(gen_dir)
+        self.table: dict[tuple[int, int, str, bool], str] = table_of(manifest)
+        self.facts: dict[tuple[int, int, str, bool], PathFacts] = {
+            (e["num_heads"], e["page_size"], e["dtype"], e["split"]): PathFacts.from_json(e["facts"])
+            for e in manifest["variants"]}
+        self.path = (gen_dir / manifest["library"]).resolve()
         if not self.path.is_file():
-            raise LibraryNotBuiltError(f"the dispatch table names {self.path}, which does not exist: run `mla-variants build`")
+            raise LibraryNotBuiltError(f"the manifest names {self.path}, which does not exist: run `mla-variants build`")
         self.cdll = ctypes.CDLL(str(self.path))
         self.cdll.mla_variants_abi_version.restype = ctypes.c_int
         self.cdll.mla_variants_error_string.restype = ctypes.c_char_p
@@ -101,8 +114,8 @@ class Library:
                 fn = getattr(self.cdll, name)
             except AttributeError:
                 raise LibraryNotBuiltError(
-                    f"{self.path} does not export {name}, which {table} lists: the build is stale, "
-                    f"run `mla-variants build`") from None
+                    f"{self.path} does not export {name}, which {gen_dir / 'manifest.json'} lists: the build is "
+                    f"stale, run `mla-variants build`") from None
             fn.argtypes = [ctypes.c_char_p]  # a pack_args() buffer (or bytes(MlaDecodeArgs(...)))
             fn.restype = ctypes.c_int
             self._launchers[name] = fn
@@ -112,14 +125,26 @@ class Library:
         for name in ("mla_variants_schedule_ints", "mla_variants_schedule_kind_offset"):
             getattr(self.cdll, name).argtypes = [_i32, _i32]
             getattr(self.cdll, name).restype = _i64
+        self.cdll.mla_variants_schedule_model.argtypes = [ctypes.POINTER(_f32), ctypes.POINTER(_f32)]
+        self.cdll.mla_variants_schedule_model.restype = None
+
+    def schedule_model(self) -> tuple[float, float]:
+        """The balanced schedule's cost model as compiled (templates/mla/config.cuh): (piece cost in
+        tiles, balanced margin)."""
+        piece, margin = _f32(), _f32()
+        self.cdll.mla_variants_schedule_model(ctypes.byref(piece), ctypes.byref(margin))
+        return piece.value, margin.value
 
     def plan(self, num_heads: int, page_size: int, dtype: str, split: bool):
-        """dispatch.plan_launches on this library's table, memoized (the table is fixed once loaded)."""
+        """dispatch.plan_launches on this library's table, each launch with its variant's facts; memoized
+        (the table is fixed once loaded)."""
         key = (num_heads, page_size, dtype, split)
         got = self._plans.get(key)
         if got is None:
+            import dataclasses
             from .dispatch import plan_launches
-            got = self._plans[key] = plan_launches(self.table, *key)
+            got = self._plans[key] = [dataclasses.replace(l, facts=self.facts.get(l.key))
+                                      for l in plan_launches(self.table, *key)]
         return got
 
     def launch(self, symbol: str, args: bytes) -> None:

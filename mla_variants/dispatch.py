@@ -1,4 +1,5 @@
-"""Variant choice: which compiled launcher serves a call, as a pure function of the dispatch table.
+"""Variant choice: which compiled launcher serves a call, as a pure function of the dispatch table
+(the build's manifest: (num_heads, page_size, dtype, split) -> launcher symbol, and each variant's facts).
 
 Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly. num_heads is
 served by the exact compiled head count if there is one, else by the smallest compiled count above
@@ -11,9 +12,49 @@ rules).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 Key = tuple[int, int, str, bool]  # (num_heads, page_size, dtype, split)
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """Which kernels a compiled variant runs, as the build's manifest records them (computed once by
+    codegen/variant.py and checked against the kernels' C++ traits when the variant compiled).
+
+    rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel (8 / 16 / 32 on the
+        transposed path, 64 on the 64-row path). second_kernel: None, "short_split" or "rows64": a second
+        kernel (second_rows_per_cta rows per CTA) that runs instead when every split of a launch holds at
+        most second_max_split_keys keys. tma / second_tma: whether that kernel loads full tiles by TMA.
+    balanced_schedule: whether MLADecodePlan's balanced schedule can run. tile_keys: keys per tile.
+    """
+
+    rows_per_cta: int
+    second_kernel: str | None
+    second_max_split_keys: int
+    tma: bool
+    second_tma: bool
+    balanced_schedule: bool
+    tile_keys: int
+    second_rows_per_cta: int
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PathFacts":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+    def max_split_keys(self, max_seq_len: int, num_kv_splits: int) -> int:
+        """The most keys one split of a launch can get: whole tiles per split for the longest request
+        (the launcher's max_split_keys; max_seq_len is the call's bound, at most the block table's capacity)."""
+        tiles = -(-max_seq_len // self.tile_keys)
+        return -(-tiles // num_kv_splits) * self.tile_keys
+
+    def runs_second(self, max_seq_len: int, num_kv_splits: int) -> bool:
+        """Whether a launch with this bound and split count runs the second kernel."""
+        return self.second_kernel is not None and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
+
+    def launch_rows(self, max_seq_len: int, num_kv_splits: int) -> int:
+        """Query rows per CTA of the kernel such a launch runs."""
+        return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_per_cta
 
 
 class VariantNotCompiledError(LookupError):
@@ -28,12 +69,14 @@ class VariantNotCompiledError(LookupError):
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch of a call: heads [head_start, head_start + num_heads) on variant `key`."""
+    """One kernel launch of a call: heads [head_start, head_start + num_heads) on variant `key`, whose
+    path facts are `facts` (None in a table without them)."""
 
     key: Key
     symbol: str
     head_start: int
     num_heads: int
+    facts: PathFacts | None = None
 
 
 def _nearest(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool) -> str:

@@ -19,26 +19,28 @@ from typing import Optional
 
 import torch
 
-from .api import FP8_DTYPE, KV_LORA_RANK, _fail, _shown, mla_decode as _mla_decode
+from .api import mla_decode as _mla_decode
+from .fp8 import FP8_DTYPE
+from .validation import KV_LORA_RANK, fail, shown
 
 
 def _tensor_scale(k_scale) -> None:
     # the op schema already types k_scale as Tensor?; a 0-d/1-element fp32 tensor is checked by mla_decode
     if k_scale is not None and not isinstance(k_scale, torch.Tensor):
-        _fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", _shown(k_scale))
+        fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", shown(k_scale))
 
 
 def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:
     """What tracing can check without data: q's shapes, and k_scale given exactly for fp8 caches."""
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
-        _fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
+        fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
               f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
     if (kv_cache.dtype is FP8_DTYPE) != (k_scale is not None):
-        _fail("k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16",
+        fail("k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16",
               f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
     if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype is not torch.float32):
-        _fail("k_scale", "a 1-element float32 tensor", f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)}")
+        fail("k_scale", "a 1-element float32 tensor", f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)}")
 
 
 @torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from . import _binding
 import struct
 
-from .api import (_DTYPES, BLOCK_M, default_num_kv_splits, FP8_DTYPE, MAX_KV_SPLITS, MAX_Q_LEN, _uses_st, _Call,
-                  _check_disjoint, _check_tensor, _check_workspace, _choose, _current_stream, _fail, _launch, _shown, _pack, _sm_count, _validate,
-                  workspace_size)
+from . import _binding
+from .api import choose_launches, workspace_size
 from .dispatch import VariantNotCompiledError
+from .fp8 import FP8_DTYPE
+from .launching import current_stream, launch, pack, sm_count
+from .splits import num_kv_splits_for
+from .validation import MAX_KV_SPLITS, MAX_Q_LEN, Q_DTYPES, Call, check_disjoint, check_tensor, check_workspace, fail, \
+    shown, validate
 
 # The balanced schedule's fixed cost of a request, in 64-key tiles (its Q load and epilogue); the
 # schedule kernel cuts the batch's tiles + this overhead per request into equal runs.
@@ -37,7 +40,7 @@ class MLADecodePlan:
         an fp8 cache (with dtype torch.bfloat16; `run` then takes k_scale, as :func:`mla_variants.mla_decode`).
       max_seq_len: the longest sequence the engine serves (for the split heuristic and the kernel choice;
         only speed depends on it).
-      num_kv_splits: force the split count (1..256); default :func:`default_num_kv_splits` for max_batch.
+      num_kv_splits: force the split count (1..256); default :func:`mla_variants.default_num_kv_splits` for max_batch.
       device: the CUDA device (default: the current one).
       workspace: an optional caller-owned device tensor of at least :attr:`workspace_bytes` bytes
         (:func:`mla_variants.workspace_size`; a balanced plan needs more, see `balanced`); otherwise the
@@ -65,35 +68,35 @@ class MLADecodePlan:
                                 ("page_size", page_size, 1, 2**20), ("q_len", q_len, 1, MAX_Q_LEN),
                                 ("max_seq_len", max_seq_len, 1, 2**31 - 1)):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                _fail(name, f"an int from {lo} to {hi}", _shown(v))
-        if dtype not in _DTYPES:
-            _fail("dtype", "torch.bfloat16 or torch.float16", dtype)
+                fail(name, f"an int from {lo} to {hi}", shown(v))
+        if dtype not in Q_DTYPES:
+            fail("dtype", "torch.bfloat16 or torch.float16", dtype)
         if kv_dtype is FP8_DTYPE and dtype is not torch.bfloat16:
-            _fail("dtype", "torch.bfloat16 with kv_dtype torch.float8_e4m3fn (q and out are bf16)", dtype)
+            fail("dtype", "torch.bfloat16 with kv_dtype torch.float8_e4m3fn (q and out are bf16)", dtype)
         if kv_dtype is not None and kv_dtype is not dtype and kv_dtype is not FP8_DTYPE:
-            _fail("kv_dtype", f"None, {dtype} (the dtype of q) or torch.float8_e4m3fn", kv_dtype)
+            fail("kv_dtype", f"None, {dtype} (the dtype of q) or torch.float8_e4m3fn", kv_dtype)
         if not torch.cuda.is_available():
-            _fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
+            fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
-            _fail("device", "a CUDA device", self.device)
+            fail("device", "a CUDA device", self.device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
                                           or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
-            _fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", _shown(num_kv_splits))
+            fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))
         self.max_batch, self.num_heads, self.page_size, self.q_len, self.dtype = max_batch, num_heads, page_size, q_len, dtype
         self.max_seq_len, self._forced_splits = max_seq_len, num_kv_splits
         self.kv_dtype = kv_dtype or dtype
-        shape = _Call.of_shape(max_batch, num_heads, q_len, page_size, dtype, self.device.index, -(-max_seq_len // page_size),
+        shape = Call.of_shape(max_batch, num_heads, q_len, page_size, dtype, self.device.index, -(-max_seq_len // page_size),
                                self.kv_dtype)
-        self.launches, self.num_kv_splits = _choose(_binding.library(), shape, num_kv_splits, max_seq_len)
+        self.launches, self.num_kv_splits = choose_launches(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
         if not isinstance(balanced, bool):
-            _fail("balanced", "a bool", _shown(balanced))
+            fail("balanced", "a bool", shown(balanced))
         if balanced and max_batch > 2**20:
-            _fail("max_batch", "at most 2**20 with balanced=True", max_batch)
+            fail("max_batch", "at most 2**20 with balanced=True", max_batch)
         self._balanced_asked = balanced
         self._sched_launches, self.sched_ctas, self._sched_batch = None, 0, 0
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
@@ -101,20 +104,20 @@ class MLADecodePlan:
         self._schedules: dict[int, torch.Tensor] = {}
         if balanced and self.kv_dtype is dtype:
             try:
-                sl = _binding.library().plan(num_heads, page_size, _DTYPES[dtype], True)
+                sl = _binding.library().plan(num_heads, page_size, Q_DTYPES[dtype], True)
             except VariantNotCompiledError:
                 sl = None
-            if sl is not None and len(sl) == 1 and not _uses_st(sl[0].key[0]):
-                m_blocks = -(-sl[0].key[0] * q_len // BLOCK_M)
+            if sl is not None and len(sl) == 1 and sl[0].facts.balanced_schedule:
+                m_blocks = -(-sl[0].key[0] * q_len // sl[0].facts.rows_per_cta)
                 self._sched_launches = sl
-                self.sched_ctas = max(1, _sm_count(self.device.index) // m_blocks)
+                self.sched_ctas = max(1, sm_count(self.device.index) // m_blocks)
                 # max_batch + sched_ctas pieces of partial results per row (workspace_size's per-split size).
                 self.workspace_bytes = max(self.workspace_bytes,
                                            workspace_size(1, num_heads, q_len, max_batch + self.sched_ctas))
         if workspace is None:
             workspace = torch.empty(max(self.workspace_bytes, 16), dtype=torch.uint8, device=self.device)
         else:
-            _check_workspace(workspace, self.workspace_bytes, self.device, "MLADecodePlan.workspace_bytes")
+            check_workspace(workspace, self.workspace_bytes, self.device, "MLADecodePlan.workspace_bytes")
         self.workspace = workspace
 
     @property
@@ -145,38 +148,38 @@ class MLADecodePlan:
         max_seq_len or overhead_tiles, a plan made without balanced=True, or a first call for a batch
         size during graph capture."""
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
-            _fail("seq_lens", "an int32 tensor [batch]", type(seq_lens).__name__ if not isinstance(seq_lens, torch.Tensor)
+            fail("seq_lens", "an int32 tensor [batch]", type(seq_lens).__name__ if not isinstance(seq_lens, torch.Tensor)
                   else f"{seq_lens.dtype} tensor of shape {tuple(seq_lens.shape)}")
-        _check_tensor("seq_lens", seq_lens, 1)  # dense, not a lazily negated view (as run checks it)
+        check_tensor("seq_lens", seq_lens, 1)  # dense, not a lazily negated view (as run checks it)
         if seq_lens.device != self.device or not seq_lens.is_contiguous():
-            _fail("seq_lens", f"a contiguous tensor on {self.device}", f"device {seq_lens.device}, strides {seq_lens.stride()}")
+            fail("seq_lens", f"a contiguous tensor on {self.device}", f"device {seq_lens.device}, strides {seq_lens.stride()}")
         batch = seq_lens.shape[0]
         if not 1 <= batch <= self.max_batch:
-            _fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
+            fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
         if isinstance(overhead_tiles, bool) or not isinstance(overhead_tiles, int) or not 1 <= overhead_tiles <= 1 << 20:
-            _fail("overhead_tiles", "an int from 1 to 2**20", _shown(overhead_tiles))
+            fail("overhead_tiles", "an int from 1 to 2**20", shown(overhead_tiles))
         if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                         or not 0 <= max_seq_len <= 2**31 - 1):
-            _fail("max_seq_len", "None or an int from 0 to 2**31 - 1", _shown(max_seq_len))
+            fail("max_seq_len", "None or an int from 0 to 2**31 - 1", shown(max_seq_len))
         if not self._balanced_asked:
-            _fail("balanced", "a plan made with MLADecodePlan(..., balanced=True) to call schedule()", "balanced=False")
+            fail("balanced", "a plan made with MLADecodePlan(..., balanced=True) to call schedule()", "balanced=False")
         if not self.balanced:
             return False
         buf = self._schedules.get(batch)
         if buf is None:
             if torch.cuda.is_current_stream_capturing():
-                _fail("seq_lens", "a batch size scheduled once before graph capture (its buffer is allocated then)",
+                fail("seq_lens", "a batch size scheduled once before graph capture (its buffer is allocated then)",
                       f"a first schedule() for batch {batch} during capture")
             n = _binding.library().cdll.mla_variants_schedule_ints(batch, self.sched_ctas)
             buf = self._schedules[batch] = torch.zeros(n, dtype=torch.int32, device=self.device)
         limit = 2**31 - 1 if max_seq_len is None else max_seq_len
-        splits = self._forced_splits or default_num_kv_splits(batch, self.num_heads, self.q_len,
-                                                              min(self.max_seq_len, limit), _sm_count(self.device.index),
-                                                              fp8=self.kv_dtype is FP8_DTYPE)
+        splits = self._forced_splits or num_kv_splits_for(self._sched_launches[0].facts, batch, self.num_heads,
+                                                          self.q_len, min(self.max_seq_len, limit),
+                                                          sm_count(self.device.index))
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,
-                                                  splits, buf.data_ptr(), _current_stream(self.device.index))
+                                                  splits, buf.data_ptr(), current_stream(self.device.index))
         if code:
             lib.raise_for(code, "the balanced schedule kernel")
         self._sched_batch = batch
@@ -185,7 +188,7 @@ class MLADecodePlan:
     def _check_scheduled_batch(self, batch: int) -> None:
         """A step after schedule() must have the scheduled batch (its schedule buffer describes that batch)."""
         if batch != self._sched_batch:
-            _fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
+            fail("seq_lens", f"the batch of the last MLADecodePlan.schedule call ({self._sched_batch} requests)",
                   f"{batch} requests: call schedule(seq_lens) for this step first")
 
     def scheduled_cut(self) -> str | None:
@@ -215,10 +218,10 @@ class MLADecodePlan:
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
         if c.batch and self._sched_batch:
             self._check_scheduled_batch(c.batch)
-            _launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
+            launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
                     self._schedules[c.batch].data_ptr(), self.sched_ctas)
         elif c.batch:
-            _launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
+            launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
                     max_seq_len=self.max_seq_len)
         return out, lse
 
@@ -238,20 +241,20 @@ class MLADecodePlan:
 
     def _check(self, q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale):
         if out is None or lse is None:
-            _fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run allocates nothing)", None)
+            fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run allocates nothing)", None)
         if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is not self.kv_dtype:
-            _fail("kv_cache", f"{self.kv_dtype} (this plan's kv_dtype)", kv_cache.dtype)
-        c = _validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse, k_scale)
-        _check_disjoint(c, not isinstance(q, torch.Tensor), k_scale,
+            fail("kv_cache", f"{self.kv_dtype} (this plan's kv_dtype)", kv_cache.dtype)
+        c = validate(q, kv_cache, block_table, seq_lens, softmax_scale, None, out, lse, k_scale)
+        check_disjoint(c, not isinstance(q, torch.Tensor), k_scale,
                         (("out", out), ("lse", lse), ("workspace (the plan's)", self.workspace)))
         if (c.num_heads, c.page_size, c.q_len, c.dtype) != (self.num_heads, self.page_size, self.q_len, self.dtype):
-            _fail("q/kv_cache", f"num_heads={self.num_heads}, page_size={self.page_size}, q_len={self.q_len}, "
+            fail("q/kv_cache", f"num_heads={self.num_heads}, page_size={self.page_size}, q_len={self.q_len}, "
                                 f"dtype={self.dtype} (this plan's)",
                   f"num_heads={c.num_heads}, page_size={c.page_size}, q_len={c.q_len}, dtype={c.dtype}")
         if c.batch > self.max_batch:
-            _fail("q", f"batch <= the plan's max_batch={self.max_batch}", c.batch)
+            fail("q", f"batch <= the plan's max_batch={self.max_batch}", c.batch)
         if c.device_index != self.device.index:
-            _fail("q", f"a tensor on the plan's device {self.device}", c.device)
+            fail("q", f"a tensor on the plan's device {self.device}", c.device)
         return c
 
     def __repr__(self) -> str:
@@ -267,7 +270,7 @@ class BoundDecode:
         self.plan, self._call = plan, call          # holds every tensor the packed pointers refer to
         self.out, self.lse = call.out, call.lse
         lib = _binding.library()
-        packed = _pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0,
+        packed = pack(call, plan.launches, plan.num_kv_splits, plan.workspace, plan.workspace_bytes, 0,
                        max_seq_len=plan.max_seq_len)
         # the stream is the struct's last field: keep the rest, append the current stream per call
         self._launches = [(lib.launcher(symbol), args[:-8]) for symbol, args in packed] if call.batch else []
@@ -283,13 +286,13 @@ class BoundDecode:
         if self._device != torch.cuda.current_device():
             with torch.cuda.device(self._device):
                 return self()
-        tail = _STREAM.pack(_current_stream(self._device))
+        tail = _STREAM.pack(current_stream(self._device))
         launches = self._launches
         if self._batch and self.plan._sched_batch:
             self.plan._check_scheduled_batch(self._batch)
             if self._sched_launches is None:
                 plan = self.plan
-                packed = _pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
+                packed = pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
                                plan._schedules[self._batch].data_ptr(), plan.sched_ctas)
                 self._sched_launches = [(self._lib.launcher(symbol), args[:-8]) for symbol, args in packed]
             launches = self._sched_launches

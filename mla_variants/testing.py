@@ -175,11 +175,6 @@ def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[t
     return tokens, table.to(torch.int32)
 
 
-# Mirrors of templates/mla/schedule.cuh's constants (the schedule kernel's cost model).
-SCHEDULE_PIECE_COST = 0.07
-SCHEDULE_BALANCED_MARGIN = 0.85
-
-
 def _tiles(n: int) -> int:
     return -(-n // 64)
 
@@ -194,13 +189,14 @@ def _segments(bounds, tiles, c):
 
 
 def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: int, uniform_splits: int,
-                       kind: int | None = None) -> dict:
+                       kind: int | None = None, *, piece_cost: float, balanced_margin: float) -> dict:
     """What the schedule kernel (templates/mla/schedule.cu) writes, computed in Python: {"bounds": [(request,
     tile)] * (ctas + 1), "requests": [(tiles, first_cta, first_piece, pieces)] * batch, "kind": 0 balanced /
     1 uniform-equivalent, "prices": (balanced, uniform) in tiles, "shared": the requests of several pieces,
-    in order (the combine's list)}. `kind` forces the cut (the kernel prices
-    in fp32 and may fuse a multiply-add, so a near-tie can go either way). The GPU test compares the
-    kernel's buffer with it; CPU tests check its invariants."""
+    in order (the combine's list)}. piece_cost and balanced_margin: the kernel's cost model (a loaded
+    library's Library.schedule_model()). `kind` forces the cut (the kernel prices in fp32 and may fuse a
+    multiply-add, so a near-tie can go either way). The GPU test compares the kernel's buffer with it;
+    CPU tests check its invariants."""
     batch = len(seq_lens)
     tiles = [0 if n < 0 or n > max_keys else _tiles(n) for n in seq_lens]
     cost, acc = [], 0
@@ -236,11 +232,11 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
                 w += t1 - t0 + overhead
                 pieces += not (t0 == 0 and t1 == tiles[b])
             work = max(work, w)
-        return work + SCHEDULE_PIECE_COST * pieces
+        return work + piece_cost * pieces
 
     prices = (price(balanced), price(uniform))
     if kind is None:
-        kind = int(not prices[0] < SCHEDULE_BALANCED_MARGIN * prices[1])
+        kind = int(not prices[0] < balanced_margin * prices[1])
     bounds = uniform if kind else balanced
 
     def last_cta_at(b, t):

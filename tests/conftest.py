@@ -38,11 +38,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _built_table() -> dict | None:
-    """The dispatch table of the build the GPU tests use, read from its generated dispatch.py (not from
-    the loaded library, whose table tests may narrow), or None when there is no build."""
+    """The dispatch table of the build the GPU tests use, read from its manifest (not from the loaded
+    library, whose table tests may narrow), or None when there is no build."""
     from mla_variants import _binding
     try:
-        return dict(_binding.read_dispatch_table(_binding.generated_dir()).VARIANTS)
+        return _binding.table_of(_binding.read_manifest(_binding.generated_dir()))
     except _binding.LibraryNotBuiltError:
         return None
 

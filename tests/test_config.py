@@ -47,6 +47,17 @@ def test_good_config_and_preset_selection():
         "mla_decode_h16_p64_bf16_nosplit", "mla_decode_h16_p64_bf16_split"]
 
 
+def test_an_exclude_rule_can_name_the_kernel_path():
+    """`path` matches the path a variant's own kernel runs, so a rule about the transposed path keeps
+    holding for a head count added to axes.num_heads later (one edit adds a variant)."""
+    cfg = parse_config(GOOD + "exclude:\n  - {split: [false], path: [transposed]}\n")
+    dropped = {v.name for v in cfg.cross_product() if cfg.excluded_by(v)}
+    assert dropped and all(v.num_heads <= 32 and not v.split for v in cfg.cross_product() if v.name in dropped)
+    assert all(v.num_heads > 32 or v.split for v in cfg.variants())
+    with pytest.raises(ConfigError, match="unknown path 'seesaw'"):
+        parse_config(GOOD + "exclude:\n  - {path: [seesaw]}\n")
+
+
 def test_exclude_rules_drop_what_matches_every_named_axis():
     cfg = parse_config(GOOD + "exclude:\n  - {split: [false], num_heads: [16]}\n  - {page_size: [1], num_heads: [128]}\n")
     assert [v.name for v in cfg.variants()] == [

@@ -67,27 +67,33 @@ def test_empty_table():
 
 
 class _StubLibrary:
-    """The part of _binding.Library that the variant choice uses: a table and plan()."""
+    """The part of _binding.Library that the variant choice uses: a table and plan(), each launch with its
+    variant's path facts (as codegen computes them and the manifest records them)."""
 
     def __init__(self, table):
         self.table = table
 
     def plan(self, num_heads, page_size, dtype, split):
-        return plan_launches(self.table, num_heads, page_size, dtype, split)
+        import dataclasses
+
+        from codegen.variant import PathFacts as Made
+        from mla_variants.dispatch import PathFacts
+        return [dataclasses.replace(l, facts=PathFacts.from_json(Made.of(*l.key).to_json()))
+                for l in plan_launches(self.table, num_heads, page_size, dtype, split)]
 
 
 @pytest.mark.parametrize("dtype,key", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
 def test_plan_shape_dispatches_on_its_cache_dtype(dtype, key, monkeypatch):
     """MLADecodePlan chooses its variants from a shape-only call (no tensors yet); the choice must use
     the same dispatch dtype as a tensor call (regression: the shape once lacked it)."""
-    from mla_variants import api
+    from mla_variants import api, validation
     table = {(16, 64, d, s): f"mla_decode_h16_p64_{d}_{'split' if s else 'nosplit'}"
              for d in ("bf16", "fp16", "fp8_e4m3") for s in (False, True)}
-    monkeypatch.setattr(api, "_sm_count", lambda device_index: 132)
-    shape = api._Call.of_shape(2, 16, 1, 64, dtype, 0, 256)
-    launches, splits = api._choose(_StubLibrary(table), shape, None, 16384)
+    monkeypatch.setattr(api, "sm_count", lambda device_index: 132)
+    shape = validation.Call.of_shape(2, 16, 1, 64, dtype, 0, 256)
+    launches, splits = api.choose_launches(_StubLibrary(table), shape, None, 16384)
     assert splits > 1 and [l.symbol for l in launches] == [f"mla_decode_h16_p64_{key}_split"]
-    launches, splits = api._choose(_StubLibrary(table), shape, 1, None)
+    launches, splits = api.choose_launches(_StubLibrary(table), shape, 1, None)
     assert splits == 1 and [l.symbol for l in launches] == [f"mla_decode_h16_p64_{key}_nosplit"]
 
 

@@ -12,9 +12,8 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-from mla_variants import MLAInputError, mla_decode, mla_decode_reference  # noqa: E402
+from mla_variants import MLAInputError, _binding, mla_decode, mla_decode_reference  # noqa: E402
 from mla_variants.testing import FP8_TOLERANCE, capture_graph, compare, make_paged_case, run_nan_prefilled  # noqa: E402
-from mla_variants.api import _uses_st  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 
@@ -53,7 +52,7 @@ def test_fp8_variant_against_reference(key):
 def _st_fp8_keys():
     """fp8 variants on the transposed register path (at most 32 heads): raw rings of 4 stages (8-16
     rows, three math warpgroups) or 3 (32 rows, two)."""
-    return [k for k in _fp8_keys() if _uses_st(k[0], True)]
+    return [k for k in _fp8_keys() if _binding.library().facts[k].rows_per_cta < 64]  # the transposed path
 
 
 @pytest.mark.parametrize("key", _st_fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
@@ -145,8 +144,8 @@ def test_fp8_large_q_and_mixed_lengths_with_splits():
 
 
 def _short_kernel_keys():
-    """fp8 split variants of the 64-row path (more than 32 heads): those with a short-split kernel."""
-    return [k for k in _fp8_keys() if k[3] and not _uses_st(k[0], True)]
+    """fp8 split variants with a short-split kernel (the 64-row path, more than 32 heads)."""
+    return [k for k in _fp8_keys() if _binding.library().facts[k].second_kernel == "short_split"]
 
 
 @pytest.mark.parametrize("key", _short_kernel_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}")

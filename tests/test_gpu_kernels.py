@@ -32,7 +32,7 @@ _run = run_nan_prefilled
 
 def _need(num_heads: int, page: int, split: bool, dtype: str = "bf16") -> None:
     """Skip a test whose fixed shape the build cannot serve. Only a reduced build lacks a page size (codegen
-    --filter, as scripts/ab_bench.sh builds, or a preset such as ci's page 64); the default build compiles
+    --filter, as lab/ab_bench.sh builds, or a preset such as ci's page 64); the default build compiles
     every one, so there these tests always run."""
     from mla_variants._binding import library
     from mla_variants.dispatch import is_supported
@@ -60,8 +60,8 @@ def test_variant_against_reference(key):
                          ids=lambda k: f"h{k[0]}_p{k[1]}_{k[2]}_{'split' if k[3] else 'nosplit'}")
 def test_17_to_32_heads_both_kernels_on_the_same_call(key):
     """bf16 / fp16 variants of 17..32 heads have two kernels: the transposed one (32 rows per CTA) and a
-    64-row one, which the launcher takes when every split is shorter than MLA_ST32_MIN_KEYS (1024 keys;
-    templates/mla/launch.cuh, from max_seq_len, else the block table's capacity, and the split count).
+    64-row one, which the launcher takes when every split is shorter than 1024 keys (the variant's second
+    kernel, from max_seq_len, else the block table's capacity, and the split count).
     Without max_seq_len the table addresses 3000+ keys, so one split (two for split variants) of 1500+
     keys runs the transposed kernel; max_seq_len=1 the 64-row one. Both must match the reference and
     differ from each other (other tile orders round P differently), which shows that both ran."""

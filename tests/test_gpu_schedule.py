@@ -12,12 +12,12 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
     pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
 
 from mla_variants import MLADecodePlan, MLAInputError, _binding, mla_decode_reference  # noqa: E402
-from mla_variants.api import _uses_st  # noqa: E402
 from mla_variants.testing import capture_graph, compare, make_paged_case  # noqa: E402
 
 
 def _keys(max_count=None):
-    keys = sorted({(k[0], k[1]) for k in _binding.library().table if k[3] and k[2] == "bf16" and not _uses_st(k[0])},
+    lib = _binding.library()
+    keys = sorted({(k[0], k[1]) for k in lib.table if k[2] == "bf16" and lib.facts[k].balanced_schedule},
                   key=lambda k: (k[1] not in (1, 64), k[0] != 128, k))
     return keys[:max_count] if max_count else keys
 
@@ -196,8 +196,10 @@ def test_schedule_kernel_matches_the_python_model(seed):
     kernel kept; a near-tie of the two prices may go either way in fp32)."""
     import random
 
-    from mla_variants.api import default_num_kv_splits, _sm_count
-    from mla_variants.testing import SCHEDULE_BALANCED_MARGIN, reference_schedule
+    from mla_variants import default_num_kv_splits
+    from mla_variants.launching import sm_count
+    from mla_variants.testing import reference_schedule
+    piece_cost, margin = _binding.library().schedule_model()
     if not _keys():
         pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
@@ -208,17 +210,17 @@ def test_schedule_kernel_matches_the_python_model(seed):
     plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys, balanced=True)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
-    splits = default_num_kv_splits(batch, heads, 1, max_keys, _sm_count(plan.device.index))
+    splits = default_num_kv_splits(batch, heads, 1, max_keys, sm_count(plan.device.index), page_size=page)
     got = plan._schedules[batch].cpu().tolist()
     kind = got[_binding.library().cdll.mla_variants_schedule_kind_offset(batch, plan.sched_ctas)]
-    ref = reference_schedule(lens, max_keys, plan.sched_ctas, 3, splits, kind)
+    ref = reference_schedule(lens, max_keys, plan.sched_ctas, 3, splits, kind, piece_cost=piece_cost,
+                             balanced_margin=margin)
     g = plan.sched_ctas
     assert [tuple(got[2 * c:2 * c + 2]) for c in range(g + 1)] == ref["bounds"]
     assert [tuple(got[2 * (g + 1) + 4 * b:2 * (g + 1) + 4 * b + 4]) for b in range(batch)] == ref["requests"]
     shared_at = _binding.library().cdll.mla_variants_schedule_kind_offset(batch, g) + 1
     assert got[shared_at:shared_at + 1 + got[shared_at]] == [len(ref["shared"])] + ref["shared"]
     bal, uni = ref["prices"]
-    margin = SCHEDULE_BALANCED_MARGIN
     if abs(bal - margin * uni) > 1e-3 * uni:
         assert kind == int(not bal < margin * uni)
     assert plan.scheduled_cut() == ("uniform" if kind else "balanced")

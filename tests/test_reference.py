@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from mla_variants import mla_decode_reference
-from mla_variants.api import default_num_kv_splits, workspace_size
+from mla_variants import workspace_size
+from mla_variants.splits import num_kv_splits_for
 from mla_variants.testing import compare, make_paged_case
 
 
@@ -110,26 +111,40 @@ def test_poisoning_covers_unused_slots():
     assert torch.isnan(case.kv_cache).any(dim=-1).any(dim=-1).sum() == case.kv_cache.shape[0] - used + 2  # 2 partial pages
 
 
+def _facts(num_heads, dtype="bf16", page_size=64, split=True):
+    """A variant's path facts as codegen writes them into the manifest, read back as the runtime does."""
+    from codegen.variant import PathFacts as Made
+    from mla_variants.dispatch import PathFacts
+    return PathFacts.from_json(Made.of(num_heads, page_size, dtype, split).to_json())
+
+
+def _splits(batch, heads, q_len, max_seq_len, num_sms, dtype="bf16"):
+    return num_kv_splits_for(_facts(heads, dtype), batch, heads, q_len, max_seq_len, num_sms)
+
+
 def test_split_heuristic_and_workspace_size():
-    assert default_num_kv_splits(132, 16, 1, 16384, 132) == 1            # batch fills the GPU
-    assert default_num_kv_splits(1, 16, 1, 16384, 132) == 64             # 256 tiles, capped at 64
-    assert default_num_kv_splits(1, 16, 1, 4096, 132) == 64              # batch 1: one tile per split
-    assert default_num_kv_splits(1, 16, 1, 1024, 132) == 16
-    assert default_num_kv_splits(1, 128, 1, 1024, 132) == 16             # 2 CTAs, 16 tiles
-    assert default_num_kv_splits(2, 16, 1, 4096, 132) == 32              # batch > 1: 64 tiles / 2 per split
-    assert default_num_kv_splits(2, 16, 1, 1024, 132) == 8
-    assert default_num_kv_splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
-    assert default_num_kv_splits(0, 16, 1, 100, 132) == 1
-    # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path, MLA_ST)
-    assert default_num_kv_splits(33, 16, 4, 16384, 132) == 1             # 33 x 4 CTAs fill the GPU
-    assert default_num_kv_splits(1, 8, 8, 16384, 132) == 16              # 8 CTAs -> 16 pieces each
-    assert default_num_kv_splits(1, 32, 2, 16384, 132) == 64             # capped; 256-key pieces: 64-row kernel
-    assert default_num_kv_splits(4, 32, 2, 4096, 132) == 32              # 16 pieces of 256 keys for 32-row CTAs
+    assert _splits(132, 16, 1, 16384, 132) == 1            # batch fills the GPU
+    assert _splits(1, 16, 1, 16384, 132) == 64             # 256 tiles, capped at 64
+    assert _splits(1, 16, 1, 4096, 132) == 64              # batch 1: one tile per split
+    assert _splits(1, 16, 1, 1024, 132) == 16
+    assert _splits(1, 128, 1, 1024, 132) == 16             # 2 CTAs, 16 tiles
+    assert _splits(2, 16, 1, 4096, 132) == 32              # batch > 1: 64 tiles / 2 per split
+    assert _splits(2, 16, 1, 1024, 132) == 8
+    assert _splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
+    assert _splits(0, 16, 1, 100, 132) == 1
+    # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path)
+    assert _splits(33, 16, 4, 16384, 132) == 1             # 33 x 4 CTAs fill the GPU
+    assert _splits(1, 8, 8, 16384, 132) == 16              # 8 CTAs -> 16 pieces each
+    assert _splits(1, 32, 2, 16384, 132) == 64             # capped; 256-key pieces: 64-row kernel
+    assert _splits(4, 32, 2, 4096, 132) == 32              # 16 pieces of 256 keys for 32-row CTAs
     #   would run the 64-row kernel on 64 CTAs: counted again for 64-row CTAs, 32 pieces (128 CTAs)
-    assert default_num_kv_splits(4, 32, 1, 4096, 132) == 32              # q_len 1: 32 or 64 rows, one CTA per request
-    assert default_num_kv_splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
-    assert default_num_kv_splits(66, 32, 2, 16384, 132, fp8=True) == 1   # fp8: 32-row CTAs too
-    assert default_num_kv_splits(4, 32, 2, 4096, 132, fp8=True) == 16    # fp8 keeps 32-row CTAs on short pieces
+    assert _splits(4, 32, 1, 4096, 132) == 32              # q_len 1: 32 or 64 rows, one CTA per request
+    assert _splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
+    assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 1   # fp8: 32-row CTAs too
+    assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 16    # fp8 keeps 32-row CTAs on short pieces
+    # integer arithmetic: a length far beyond float range still gives the capped split count
+    assert _splits(1, 16, 1, 2**1100, 132) == 64
+    assert _splits(1, 16, 1, 0, 132) == 1
     assert workspace_size(4, 16, 2, 1) == 0
     assert workspace_size(4, 16, 2, 3) == 3 * 4 * 2 * 16 * 513 * 4
     with pytest.raises(ValueError, match="num_kv_splits: expected a positive int"):

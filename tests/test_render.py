@@ -1,11 +1,15 @@
-"""Rendering: deterministic, write-if-changed, hashed headers, stale files removed, filters."""
-import importlib.util
+"""Rendering: deterministic, write-if-changed, hashed headers (flags and compiler included), stale files
+removed, filters, and the manifest with each variant's path facts."""
+import dataclasses
 import json
+import re
+
+import pytest
 
 from codegen.cli import select
 from codegen.config import load_config
-from codegen.render import ROOT, render
-from codegen.variant import Variant
+from codegen.render import ROOT, render, write_manifest
+from codegen.variant import PathFacts, Variant
 
 
 def _cfg():
@@ -23,67 +27,111 @@ def test_deterministic_and_write_if_changed(tmp_path):
     ra = render(cfg, vs, a, a.parent / "build" / "lib.so")
     render(cfg, list(reversed(vs)), b, b.parent / "build" / "lib.so")
     assert _tree(a) == _tree(b)  # same inputs, same bytes, whatever the order or folder
-    assert len(ra.written) == sum(len(v.sources) for v in vs) + 3  # + sources.cmake, dispatch.py, manifest.json
+    assert len(ra.written) == sum(len(v.sources) for v in vs) + 1  # + sources.cmake (the manifest: after the build)
     mtimes = {p: p.stat().st_mtime_ns for p in a.rglob("*") if p.is_file()}
     again = render(cfg, vs, a, a.parent / "build" / "lib.so")
     assert again.written == [] and again.removed == []
     assert mtimes == {p: p.stat().st_mtime_ns for p in a.rglob("*") if p.is_file()}
 
 
-def test_headers_carry_the_inputs_hash(tmp_path):
+def test_headers_carry_the_inputs_hash(tmp_path, monkeypatch):
     cfg = _cfg()
     v = Variant(16, 64, "bf16", True)
     g = tmp_path / "generated"
-    render(cfg, [v], g, tmp_path / "lib.so")
+    monkeypatch.delenv("CUDAFLAGS", raising=False)
+    res = render(cfg, [v], g, tmp_path / "lib.so")
     src = (g / "variants" / f"{v.name}.cu").read_text()
     assert src.startswith("// generated, do not edit")
     assert "inputs-hash: " in src.splitlines()[1]
     assert f'extern "C" int {v.name}(' in src
-    assert "mla::launch<cutlass::bfloat16_t, 16, 64, true>" in src
-    for f in ("dispatch.py", "sources.cmake"):
-        assert (g / f).read_text().startswith("# generated, do not edit")
+    assert "mla::launch<cutlass::bfloat16_t, 16, 64, true, Facts>" in src
+    assert (g / "sources.cmake").read_text().startswith("# generated, do not edit")
+    assert not (g / "manifest.json").exists()  # written by the build once the library links
+    write_manifest(res)
     manifest = json.loads((g / "manifest.json").read_text())
-    assert manifest["generated"] == "do not edit" and len(manifest["inputs_hash"]) == 16
+    assert manifest["generated"].startswith("do not edit") and len(manifest["inputs_hash"]) == 16
+    assert manifest["cudaflags"] == "" and manifest["compiler"]
+    # a changed CUDAFLAGS (the diagnostic MLA_TRACE build) changes every unit's hash and the manifest's
+    monkeypatch.setenv("CUDAFLAGS", "-DMLA_TRACE=1")
+    traced = render(cfg, [v], g, tmp_path / "lib.so")
+    assert g / "variants" / f"{v.name}.cu" in traced.written
+    assert traced.manifest["inputs_hash"] != manifest["inputs_hash"] and traced.manifest["cudaflags"] == "-DMLA_TRACE=1"
 
 
-def test_an_fp8_split_variant_gets_its_short_split_unit(tmp_path):
-    """fp8 split variants render a second unit that instantiates only the short-split kernel's launcher
-    (templates/mla/short_split.cuh); sources.cmake lists both, other variants keep one unit."""
+def test_the_manifest_records_each_variants_path_facts(tmp_path):
+    """The one dispatch artifact: every variant's key, symbol, sources and the facts codegen computed
+    (the runtime reads them; launch.cuh static_asserts the same facts against the C++ traits)."""
     cfg = _cfg()
-    fp8, bf16 = Variant(64, 64, "fp8_e4m3", True), Variant(64, 64, "bf16", True)
+    vs = cfg.presets["kimi-k2"].variants() + cfg.presets["deepseek-v3-tp8"].variants()
     g = tmp_path / "generated"
-    render(cfg, [fp8, bf16, Variant(64, 64, "fp8_e4m3", False)], g, tmp_path / "lib.so")
-    assert sorted(p.name for p in (g / "variants").glob("*.cu")) == sorted(
-        [f"{fp8.name}.cu", f"{fp8.name}_short.cu", f"{bf16.name}.cu", "mla_decode_h64_p64_fp8_e4m3_nosplit.cu"])
-    short = (g / "variants" / f"{fp8.name}_short.cu").read_text()
-    assert short.startswith("// generated, do not edit") and "inputs-hash: " in short.splitlines()[1]
-    assert "template cudaError_t mla::launch_short_split<cutlass::float_e4m3_t, 64, 64>(" in short
-    assert "extern \"C\"" not in short  # the exported launcher stays in the variant's own unit
-    cmake = (g / "sources.cmake").read_text()
-    assert f"variants/{fp8.name}.cu" in cmake and f"variants/{fp8.name}_short.cu" in cmake
-    assert f"{bf16.name}_short" not in cmake
-    # selecting fewer variants keeps the short unit of a variant variants.yaml still describes
-    res = render(cfg, [bf16], g, tmp_path / "lib.so")
-    assert res.removed == [] and (g / "variants" / f"{fp8.name}_short.cu").exists()
+    res = render(cfg, vs, g, tmp_path / "build" / "libmla_variants.so")
+    write_manifest(res)
+    manifest = json.loads((g / "manifest.json").read_text())
+    assert manifest["library"] == "../build/libmla_variants.so"
+    assert sorted(e["name"] for e in manifest["variants"]) == sorted(v.name for v in vs)
+    from mla_variants.dispatch import PathFacts as RuntimeFacts
+    assert [f.name for f in dataclasses.fields(RuntimeFacts)] == [f.name for f in dataclasses.fields(PathFacts)]
+    for e in manifest["variants"]:
+        v = Variant.from_name(e["name"])
+        assert (e["num_heads"], e["page_size"], e["dtype"], e["split"]) == v.key
+        assert RuntimeFacts.from_json(e["facts"]) == RuntimeFacts(**dataclasses.asdict(v.facts))
+        assert e["sources"] == [f"variants/{f}" for f in v.sources]
+        unit = (g / "variants" / f"{v.name}.cu").read_text()
+        assert f"using Facts = {v.facts.cpp()};" in unit
 
 
-def test_a_16_bit_variant_of_17_to_32_heads_gets_its_64_row_unit(tmp_path):
-    """bf16 / fp16 variants of 17..32 heads (the transposed kernel with 32 rows per CTA) render a second
-    unit with their 64-row kernel's launcher (templates/mla/rows64.cuh); 16 and 64 heads and fp8 do not."""
+@pytest.mark.parametrize("variant,rows,second,max_keys,tma,second_tma,balanced", [
+    (Variant(8, 1, "bf16", True), 8, None, 0, False, False, False),
+    (Variant(16, 64, "fp8_e4m3", True), 16, None, 0, False, False, False),
+    (Variant(32, 64, "bf16", True), 32, "rows64", 960, False, True, False),
+    (Variant(17, 1, "fp16", False), 32, "rows64", 960, False, False, False),
+    (Variant(32, 64, "fp8_e4m3", True), 32, None, 0, False, False, False),
+    (Variant(64, 64, "fp8_e4m3", True), 64, "short_split", 128, True, False, False),
+    (Variant(64, 64, "fp8_e4m3", False), 64, None, 0, True, False, False),
+    (Variant(128, 16, "bf16", True), 64, None, 0, False, False, True),
+    (Variant(128, 128, "bf16", False), 64, None, 0, True, False, False),
+])
+def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
+    f = variant.facts
+    assert (f.rows_per_cta, f.second_kernel, f.second_max_split_keys, f.tma, f.second_tma, f.balanced_schedule) == (
+        rows, second, max_keys, tma, second_tma, balanced)
+
+
+def test_policy_values_match_the_kernels_config():
+    """codegen's copies of the C++ policy values that the facts depend on; the build's static_assert
+    catches a disagreement too, this catches it without nvcc."""
+    text = (ROOT / "templates" / "mla" / "config.cuh").read_text()
+    from codegen import variant
+    for name, value in (("kBlockN", variant.TILE_KEYS), ("kBlockM", variant.ROWS_64),
+                        ("kSt32MinKeys", variant.ST32_MIN_KEYS), ("kFp8ShortSplitKeys", variant.FP8_SHORT_SPLIT_KEYS)):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", text).group(1)) == value, name
+    assert re.search(r"constexpr bool kUseSt = NUM_HEADS <= (\d+);", text).group(1) == str(variant.ST_MAX_HEADS)
+
+
+def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):
+    """fp8 split variants of the 64-row path (short-split kernel) and bf16 / fp16 variants of 17..32 heads
+    (their 64-row kernel) render a second unit that instantiates only launch_second; the others keep one."""
     cfg = _cfg()
-    with_unit = [Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False)]
-    without = [Variant(16, 64, "bf16", True), Variant(33, 64, "bf16", True), Variant(32, 64, "fp8_e4m3", False)]
+    with_unit = [Variant(64, 64, "fp8_e4m3", True), Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False)]
+    without = [Variant(64, 64, "bf16", True), Variant(64, 64, "fp8_e4m3", False), Variant(16, 64, "fp8_e4m3", True),
+               Variant(32, 64, "fp8_e4m3", False)]
     g = tmp_path / "generated"
     render(cfg, with_unit + without, g, tmp_path / "lib.so")
     names = {p.name for p in (g / "variants").glob("*.cu")}
-    assert names == {f"{v.name}.cu" for v in with_unit + without} | {f"{v.name}_rows64.cu" for v in with_unit}
-    unit = (g / "variants" / "mla_decode_h32_p64_bf16_split_rows64.cu").read_text()
+    assert names == {f"{v.name}.cu" for v in with_unit + without} | {f"{v.name}_second.cu" for v in with_unit}
+    unit = (g / "variants" / "mla_decode_h32_p64_bf16_split_second.cu").read_text()
     assert unit.startswith("// generated, do not edit") and "inputs-hash: " in unit.splitlines()[1]
-    assert "template cudaError_t mla::launch_rows64<cutlass::bfloat16_t, 32, 64, true>(" in unit
-    assert "extern \"C\"" not in unit
-    assert "launch_rows64<cutlass::half_t, 17, 1, false>(" in (g / "variants" / "mla_decode_h17_p1_fp16_nosplit_rows64.cu").read_text()
+    assert "template cudaError_t mla::launch_second<cutlass::bfloat16_t, 32, 64, true>(" in unit
+    assert "extern \"C\"" not in unit  # the exported launcher stays in the variant's own unit
+    short = (g / "variants" / "mla_decode_h64_p64_fp8_e4m3_split_second.cu").read_text()
+    assert "launch_second<cutlass::float_e4m3_t, 64, 64, true>(" in short and "short_split" in short
     cmake = (g / "sources.cmake").read_text()
-    assert "variants/mla_decode_h32_p64_bf16_split_rows64.cu" in cmake
+    assert "variants/mla_decode_h32_p64_bf16_split_second.cu" in cmake
+    # selecting fewer variants keeps the second unit of a variant variants.yaml still describes (and
+    # removes those of one it does not: 17 heads)
+    res = render(cfg, without, g, tmp_path / "lib.so")
+    assert sorted(p.name for p in res.removed) == ["mla_decode_h17_p1_fp16_nosplit.cu", "mla_decode_h17_p1_fp16_nosplit_second.cu"]
+    assert (g / "variants" / "mla_decode_h32_p64_bf16_split_second.cu").exists()
 
 
 def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
@@ -106,21 +154,6 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
                             .replace("num_heads: [8, 16, 32]}", "num_heads: [8, 32]}"), "v.yaml")
     res = render(narrowed, [v2], g, tmp_path / "lib.so")
     assert res.removed == [g / "variants" / f"{gone.name}.cu"]
-
-
-def test_manifest_and_dispatch_table_agree(tmp_path):
-    cfg = _cfg()
-    vs = cfg.presets["kimi-k2"].variants()
-    g = tmp_path / "generated"
-    render(cfg, vs, g, tmp_path / "build" / "libmla_variants.so")
-    manifest = json.loads((g / "manifest.json").read_text())
-    spec = importlib.util.spec_from_file_location("d", g / "dispatch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert sorted(mod.VARIANTS.values()) == sorted(e["name"] for e in manifest["variants"])
-    for key, name in mod.VARIANTS.items():
-        assert Variant.from_name(name).key == key
-    assert mod.LIBRARY == "../build/libmla_variants.so"
 
 
 def test_filters():

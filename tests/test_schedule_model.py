@@ -3,10 +3,21 @@ templates/mla/schedule.cu that tests/test_gpu_schedule.py holds the kernel to): 
 every tile of every request is covered by exactly one CTA, every empty request by exactly one segment,
 pieces are numbered within the workspace, and the cost model keeps the cut the H200 measured faster."""
 import random
+import re
+from pathlib import Path
 
 import pytest
 
-from mla_variants.testing import _segments, reference_schedule
+from mla_variants.testing import _segments, reference_schedule as _reference_schedule
+
+_CONFIG = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "config.cuh").read_text()
+# The cost model as the kernels compile it (config.cuh's policy values; the GPU test reads the library's).
+MODEL = dict(piece_cost=float(re.search(r"kPieceCost = ([0-9.]+)f;", _CONFIG).group(1)),
+             balanced_margin=float(re.search(r"kBalancedMargin = ([0-9.]+)f;", _CONFIG).group(1)))
+
+
+def reference_schedule(*args, **kwargs):
+    return _reference_schedule(*args, **kwargs, **MODEL)
 
 
 def _check_invariants(seq_lens, max_keys, ctas, overhead, splits, kind=None):
@@ -67,7 +78,7 @@ def test_small_schedules_exhaustively():
 
 
 def test_uniform_cut_reproduces_the_uniform_split():
-    """batch * S <= G: CTA c gets exactly split c % S of request c // S (kernel.cuh split_range)."""
+    """batch * S <= G: CTA c gets exactly split c % S of request c // S (params.cuh split_range)."""
     lens, splits, ctas = [1000, 64, 0, 4097, 130], 4, 66
     sch = _check_invariants(lens, 8192, ctas, 3, splits, kind=1)
     tiles = [-(-n // 64) for n in lens]
@@ -80,21 +91,10 @@ def test_uniform_cut_reproduces_the_uniform_split():
 
 
 def test_cost_model_keeps_the_measured_faster_cut():
-    """docs/perf-notes.md v3.9: balanced won on the 128 x 32 ragged batch, lost on 128 x 128 x 1024."""
+    """Measured on the H200 (docs/design.md, balanced schedule): balanced won on the 128 x 32 ragged batch,
+    lost on 128 x 128 x 1024."""
     ragged = [529, 744, 1028, 1280, 1477, 1612, 2231, 2386, 2601, 2693, 3621, 3705, 4057, 4160, 4194, 4380,
               4508, 4570, 5174, 5488, 5849, 6212, 6422, 6745, 6756, 6768, 6796, 6973, 7080, 7084, 7358, 7454]
     assert reference_schedule(ragged, 8192, 66, 3, 2)["kind"] == 0
     assert reference_schedule([1024] * 128, 1024, 66, 3, 1)["kind"] == 1
     assert reference_schedule([16384], 16384, 132, 3, 64)["kind"] == 1  # 64 heads, batch 1: finer cut lost
-
-
-def test_the_python_model_mirrors_the_schedule_kernels_constants():
-    """mla_variants.testing's copies of schedule.cuh's cost-model constants (the piece cost and the
-    default MLA_SCHED_MARGIN) equal the kernel's, so the GPU test of the schedule prices the same cuts."""
-    import re
-    from pathlib import Path
-
-    from mla_variants.testing import SCHEDULE_BALANCED_MARGIN, SCHEDULE_PIECE_COST
-    text = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "schedule.cuh").read_text()
-    assert float(re.search(r"#define MLA_SCHED_MARGIN ([0-9.]+)f", text).group(1)) == SCHEDULE_BALANCED_MARGIN
-    assert float(re.search(r"kPieceCost = ([0-9.]+)f", text).group(1)) == SCHEDULE_PIECE_COST

@@ -67,10 +67,10 @@ def test_nested_and_sparse_csr_q_are_named():
 
 
 def test_outputs_must_not_share_memory_with_inputs():
-    """_check_disjoint (mla_decode and MLADecodePlan run it on caller-provided out, lse and workspace):
+    """check_disjoint (mla_decode and MLADecodePlan run it on caller-provided out, lse and workspace):
     byte ranges that overlap an input or an earlier output are refused, views of one buffer that do not
     overlap are not. CPU tensors: only data pointers, shapes and strides are read."""
-    from mla_variants.api import _Call, _check_disjoint, _fill
+    from mla_variants.validation import Call as _Call, check_disjoint as _check_disjoint, fill_call as _fill
     q = torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)
     kv_buf = torch.zeros(10 * 64 * 576 + 64, dtype=torch.bfloat16)  # the cache, then 64 values of something else
     kv = kv_buf[: 10 * 64 * 576].view(10, 64, 576)
@@ -107,7 +107,7 @@ def test_fast_path_sends_unusual_outputs_to_the_full_check(monkeypatch):
     """_fast_validate (the per-call screen in front of _validate) accepts only the plain layouts of out
     and lse and returns None for everything else, so _validate decides (and names the argument). CPU
     tensors made to report device 0: only shapes, strides, dtypes and pointers are read."""
-    from mla_variants.api import _fast_validate
+    from mla_variants.validation import fast_validate as _fast_validate
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     a = _args()
     args = (a["q"], a["kv_cache"], a["block_table"], a["seq_lens"], a["softmax_scale"])
@@ -335,11 +335,11 @@ def test_k_scale_accepts_any_real_number_type():
 def test_k_scale_parameter_stays_a_device_read():
     """A Parameter (a Tensor subclass) k_scale is passed to the kernel by pointer, never turned into a
     host float (which would sync, freeze its value and break graph capture)."""
-    from mla_variants import api
-    c = api._Call()
+    from mla_variants import validation
+    c = validation.Call()
     c.dtype = torch.bfloat16
     param = torch.nn.Parameter(torch.tensor([0.5]))
-    api._set_scale(c, torch.zeros(1, 1, 576, dtype=_FP8), param)
+    validation.set_scale(c, torch.zeros(1, 1, 576, dtype=_FP8), param)
     assert c.key_dtype == "fp8_e4m3" and c.k_scale_ptr == param.data_ptr() and c.k_scale_tensor is param
 
 
@@ -379,17 +379,12 @@ def test_max_seq_len_is_checked_first(value):
 
 @pytest.mark.parametrize("name,value", [("batch", -1), ("batch", 1.5), ("num_heads", 0), ("num_heads", float("nan")),
                                         ("q_len", True), ("max_seq_len", float("inf")), ("max_seq_len", -5),
-                                        ("max_seq_len", None), ("num_sms", "132"), ("fp8", 1), ("fp8", None)])
+                                        ("max_seq_len", None), ("num_sms", "132"), ("page_size", 0),
+                                        ("page_size", None), ("kv_dtype", "int8"), ("kv_dtype", torch.float32)])
 def test_default_num_kv_splits_names_a_bad_argument(name, value):
+    """Checked before the build is looked at, so a CPU machine without one sees it too."""
     from mla_variants import default_num_kv_splits
-    args = dict(batch=1, num_heads=16, q_len=1, max_seq_len=4096, num_sms=132)
+    args = dict(batch=1, num_heads=16, q_len=1, max_seq_len=4096, num_sms=132, page_size=64)
     args[name] = value
     with pytest.raises(MLAInputError, match=f"^{name}: expected"):
         default_num_kv_splits(**args)
-
-
-def test_default_num_kv_splits_takes_any_int_length():
-    """Integer arithmetic: a length far beyond float range still gives the capped split count."""
-    from mla_variants import default_num_kv_splits
-    assert default_num_kv_splits(1, 16, 1, 2**1100, 132) == 64
-    assert default_num_kv_splits(1, 16, 1, 0, 132) == 1

@@ -7,11 +7,14 @@
 #pragma once
 #include <stdint.h>
 
-#define MLA_ABI_VERSION 4
+#define MLA_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// MlaDecodeArgs.tma_mode.
+enum MlaTmaMode { MlaTmaAuto = 0, MlaTmaOff = 1, MlaTmaRequire = 2 };
 
 typedef struct MlaDecodeArgs {
   int32_t abi_version;
@@ -21,9 +24,8 @@ typedef struct MlaDecodeArgs {
   int32_t max_pages_per_seq; // block_table.shape[1]
   int32_t num_kv_splits;     // >= 1; must be 1 for a variant without split-KV
   int32_t max_seq_len;       // the caller's upper bound of seq_lens, or 0 (unknown: the block table's
-                             // capacity). Picks a kernel only (fp8 short splits, the 64-row kernel
-                             // of 17..32 heads; launch.cuh); any
-                             // seq_lens within the block table stay exact.
+                             // capacity). Picks a kernel only (a variant's second kernel for short
+                             // splits, launch.cuh); any seq_lens within the block table stay exact.
 
   // q as two views: q_nope [batch, q_len, num_heads, 512] and q_pe [batch, q_len, num_heads, 64],
   // last dimension contiguous. A packed q [.., 576] passes q_pe = q_nope + 512.
@@ -62,6 +64,12 @@ typedef struct MlaDecodeArgs {
   // and CTA c covers the (request, tile) range the schedule gives it, crossing request boundaries.
   const int32_t* schedule;
   int32_t sched_ctas;
+
+  // How full KV tiles on TMA pages are loaded (MlaTmaMode): MlaTmaAuto by TMA where the cache's tensor
+  // map can be encoded, else by cp.async; MlaTmaOff always by cp.async; MlaTmaRequire fails
+  // the launch with cudaErrorNotSupported where a TMA-capable kernel cannot encode the map (tests use
+  // it to prove which path ran). Kernels without TMA pages ignore it.
+  int32_t tma_mode;
 
   void* stream;                // cudaStream_t
 } MlaDecodeArgs;

@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 
 #include "abi.h"
-#include "constants.cuh"
-#include "kernel.cuh"
+#include "arch.cuh"
+#include "config.cuh"
+#include "schedule.cuh"
+#include "workspace.cuh"
 
 namespace mla {
 
@@ -99,8 +101,7 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 // - more splits: the splits' lse values are read in parallel (split s by thread s %
 //   kCombineThreads), their weights exp(lse_s - max) staged in shared memory kCombineThreads splits
 //   at a time, and each thread accumulates its 4 columns over the staged splits with kCombineUnroll
-//   independent 16-byte loads in flight. The first version looped over the splits one dependent
-//   load after another: 13 us of a 39 us call at 64 splits (docs/perf-notes.md, combine v2).
+//   independent 16-byte loads in flight.
 template <class Out, class P>
 __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace<P>& ws, int b, int qi, int h,
                                             int64_t row, int64_t rows_per_split, int num_splits, float* weight,
@@ -175,13 +176,9 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
 }
 
-// A combine kernel is launched as a programmatic dependent of the decode grid (launch.cuh, MLA_PDL):
-// wait until that grid has completed and its workspace writes are visible, before reading them.
-__device__ __forceinline__ void wait_for_decode_grid() {
-#if MLA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+// A combine kernel is launched as a programmatic dependent of the decode grid (launch.cuh): wait until
+// that grid has completed and its workspace writes are visible, before reading them.
+__device__ __forceinline__ void wait_for_decode_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // Output row out_row = (b q_len + qi) num_heads + h of a uniform split's combine: its request b, query
 // qi and head h, and the workspace distance between a row's consecutive pieces (piece s of request b
@@ -198,11 +195,9 @@ struct OutRow {
   }
 };
 
-// Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA
-// (5-8 splits since v3.11, at up to 139 registers).
-// The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads), so at
-// 2 splits its 4096 rows at 128 x 32 x 1024 take ~6 rounds of loads (10.9 us measured for 16.8 MB of
-// partials, perf-notes v3.7); a warp per row with S compile-time keeps S x 16 float4 loads in flight per
+// Uniform split into S = 2..kCombineWarpMaxSplits: one warp per row, kCombineWarpRows rows per CTA.
+// The one-CTA-per-row combine keeps about 5 rows in flight per SM (86 registers x 128 threads); a warp
+// per row with S compile-time keeps S x 16 float4 loads in flight per
 // lane and several times the rows per SM. Lane j owns columns j * 4 + 128 k (k < 4): every load and
 // store instruction of the warp covers 512 (or 256) contiguous bytes.
 template <class Out, class P, int S>
@@ -286,9 +281,8 @@ __global__ void __launch_bounds__(32 * kCombineWideGroups)
 // (each warp load: 512 contiguous bytes), with kCombineUnroll splits' loads in flight per lane: 64
 // splits in one round trip, on 4x the CTAs. The largest lse comes first (a block-wide max over all
 // splits' lse); the warps' weighted sums then meet in shared memory, and warp 0 stores. Grid: rows x
-// kCombineWideGroups CTAs of 256 threads. Measured (perf-notes v3.11): 2.5-3.3 us off every batch-1
-// call with 64 splits, 0.7-1.6 us off most with 32; 2-12 us slower with 16 splits at batch 8 (128-512
-// rows, two splits per warp), which keep the CTA-per-row combine, hence the 32-split threshold.
+// kCombineWideGroups CTAs of 256 threads (from kCombineWideMinSplits splits: with fewer, two splits per
+// warp, it was slower than the CTA-per-row combine; docs/design.md).
 template <class Out, class P>
 __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
     mla_combine_wide_kernel(const __grid_constant__ MlaDecodeArgs a) {
@@ -392,7 +386,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
 // Balanced schedule. Only the requests with several pieces need a combine (the others were written to
 // out by their CTA), and the schedule lists them (schedule.cuh, `shared`): the CTAs stride over that
 // list's rows, so a batch with no shared request costs one wave of CTAs that read the count and
-// leave, instead of one CTA per row of the batch (10 us at 128 requests of 64 heads, perf-notes v3.10).
+// leave, instead of one CTA per row of the batch.
 // A request's pieces are consecutive from its first. Grid: kCombineCtasPerSm per SM, at most one per row
 // of the most requests that can be shared (launch.cuh).
 template <class Out, class P>

@@ -1,7 +1,6 @@
-// The transposed ("S^T") math warpgroups for variants with at most 16 heads, and those of 17..32 heads
-// (MLA_ST, MLA_ST32, constants.cuh).
+// The transposed ("S^T") math warpgroups for variants of at most 32 heads (config.cuh kUseSt).
 //
-// Why: the 64-row consumer (consumer.cuh) puts a CTA's query rows (qi, h) on wgmma M = 64. With 16
+// Why: the 64-row consumer (consumer_rows64.cuh) puts a CTA's query rows (qi, h) on wgmma M = 64. With 16
 // heads and q_len 1 only 16 of those rows are real, so three quarters of every S and P V wgmma is
 // padding and the 16-head bf16 kernel sits at its tensor-core time per tile (~2 us per 64-token tile
 // per SM), which also keeps the fp8 cache from being faster than bf16. Here the roles swap: the KV
@@ -27,7 +26,7 @@
 // new max rescales O^T's column and l_n by exp2(m_old - m_new). Masked scores are -inf and a column
 // whose max is still -inf subtracts 0, so no -inf - (-inf) = NaN appears.
 //
-// Accumulator layout (wgmma m64nN, as in consumer.cuh, now read transposed): element i of a thread's
+// Accumulator layout (wgmma m64nN, as in consumer_rows64.cuh, now read transposed): element i of a thread's
 // 64 x kRows fragment is token (M) 16 * warp + lane / 4 + 8 * ((i >> 1) & 1) and query row (N)
 // (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). A thread therefore holds kRows / 4 distinct columns (4 at
 // kRows 16), indexed here by c = (i >> 2) * 2 + (i & 1); O^T's fragment (MMA, 8 atoms along M, 1)
@@ -36,21 +35,15 @@
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 
-#include "constants.cuh"
-#include "consumer.cuh"  // issue_s, issue_pv, release
+#include "arch.cuh"
+#include "config.cuh"
 #include "layouts.cuh"
-#include "primitives.cuh"
+#include "mma.cuh"
 
 namespace mla {
 
 using namespace cute;
 
-// Named barriers of the transposed path (ids 1..6 are the seesaw consumer's, 7 the fp8 copy warps', 8
-// the fp8 widening's, 13 the producer's (producer.cuh kBarProducer), 14 the math warpgroups' fp8 Q
-// rounding (kBarStQ).
-constexpr int kBarStWg = 9;      // + wg (up to 3 warpgroups): the 128 threads of one math warpgroup
-constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
-constexpr int kBarStQ = 14;      // all math warpgroups: Q rounded to fp16 (fp8, convert_q_st_fp8)
 // Every slot of a stage is read by the four warps of the warpgroup that owns its current tile only.
 constexpr int kStEmptyCount = 4;
 
@@ -198,7 +191,7 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     const int parity = i & 1;  // use i of stage wg
     // ---- S^T, each 64-column k-slice issued as soon as its slot has landed.
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kRows>>{});
-    issue_s(mma_s, tSrK, tSrQ, tSrS, full, parity);  // consumer.cuh; A = the KV tile, B = Q here
+    issue_s(mma_s, tSrK, tSrQ, tSrS, full, parity);  // mma.cuh; A = the KV tile, B = Q here
     warpgroup_wait<0>();
     fence_fragment(tSrS);
     release(empty + kSubTiles - 1, 1, c.lane);  // the RoPE slot is read by S^T only
@@ -208,7 +201,7 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
     warpgroup_barrier(kBarStWg + wg);
 
     // ---- O^T += V^T P^T over the 64 tokens (4 k-steps), 8 atoms of 64 latent rows each.
-    issue_pv(mma_o, tOrV, tOrP, tOrO);  // consumer.cuh; A = V^T, B = P^T here
+    issue_pv(mma_o, tOrV, tOrP, tOrO);  // mma.cuh; A = V^T, B = P^T here
     warpgroup_wait<0>();
     fence_fragment(tOrO);
     release(empty, kSubTiles - 1, c.lane);  // the latent slots (K and V) are done
@@ -220,7 +213,7 @@ __device__ __forceinline__ void consume_st(Storage& s, const StContext<kRows>& c
 // stored at position q ^ (g' & 1): a quarter warp (two g', four query rows 2 apart, stride 516 floats)
 // then covers 8 distinct 16-byte bank groups; store_rows_st swaps the halves back.
 template <class Storage>
-constexpr bool kMergeV4 = Storage::kRegWiden && MLA_ST_MERGE_V4 != 0;
+constexpr bool kMergeV4 = Storage::kRegWiden;
 // Whether merge_st leaves each row's output scale and lse in s.row_out for store_rows_st (not on the
 // fp8 register path, whose three warpgroups have no registers to spare for it there: it spilled).
 template <class Storage>
@@ -273,22 +266,13 @@ __device__ __forceinline__ void st_publish_stats(Storage& s, const StContext<kRo
   }
 }
 
-// MLA_MERGE_SKIP_IDLE (default 1): merge_st skips the add passes of warpgroups that owned no tile
-// (warpgroup w owns tiles w, w + kMathWgs, ...: none when w >= num_tiles, as in every one-tile split of
-// a batch-1 call). Their O^T is zero and their factor exp2(-inf) = 0, so the pass would add exact
-// zeros (up to a zero's sign: an o_x of -0 now stays -0, numerically the same); skipping it (and the
-// barrier before it, a CTA-uniform condition) shortens the merge's serial chain: at one tile per split
-// by one pass of two (16-bit) or two of three (fp8, three warpgroups). v3.26 A/B against 0: fp8 1.018
-// over 48 anchors (16 heads batch 1 8-12% faster), bf16 16/32 heads 0.993 (run to run).
-#ifndef MLA_MERGE_SKIP_IDLE
-#define MLA_MERGE_SKIP_IDLE 1
-#endif
-constexpr bool kMergeSkipIdle = MLA_MERGE_SKIP_IDLE != 0;
-
 // Merges the math warpgroups' partial softmaxes into s.o_x (row n at n * kOxStride, unnormalised, on
 // the common max) and leaves per column n in s.wg_max / s.col_stat what st_row_stats needs. Called by
 // all math threads, also when the split has no tile (then everything is 0 and -inf). Warpgroup 0
-// writes o_x, the others that owned a tile add theirs in turn (MLA_MERGE_SKIP_IDLE).
+// writes o_x, the others that owned a tile add theirs in turn. A warpgroup that owned no tile (w >=
+// num_tiles: warpgroup w owns tiles w, w + kMathWgs, ...) is skipped with the barrier before its pass
+// (a CTA-uniform condition): its O^T is zero and its factor exp2(-inf) = 0, so the pass would only add
+// zeros.
 // On the fp8 register path (Storage::kRegWiden) O^T's rows are in consume_st_regs' order (latent
 // value st_regs_dim), else in order.
 template <class Storage, class FragO, int kRows = Storage::kRowsPerCta>
@@ -339,7 +323,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     if (wg == 0) merge_v4(false);
     CUTE_UNROLL
     for (int w = 1; w < Storage::kMathWgs; ++w) {
-      if (kMergeSkipIdle && w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
+      if (w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
       math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
       if (wg == w) merge_v4(true);
     }
@@ -353,7 +337,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     }
     CUTE_UNROLL
     for (int w = 1; w < Storage::kMathWgs; ++w) {
-      if (kMergeSkipIdle && w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
+      if (w >= c.num_tiles) break;  // CTA-uniform: warpgroups w.. had no tile (below)
       math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
       if (wg == w) {
         CUTE_UNROLL

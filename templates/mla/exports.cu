@@ -1,5 +1,5 @@
 // Library-wide exports shared by every variant: the ABI version, CUDA error strings, and the phase
-// trace buffer of an MLA_TRACE build (trace.cuh; benchmarks/trace.py reads it).
+// trace buffer of an MLA_TRACE build (trace.cuh; lab/trace.py reads it).
 #include <cuda_runtime.h>
 
 #include "abi.h"

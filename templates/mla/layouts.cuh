@@ -18,7 +18,7 @@
 #include <cutlass/float8.h>
 #include <cutlass/numeric_types.h>
 
-#include "constants.cuh"
+#include "config.cuh"
 
 namespace mla {
 
@@ -49,30 +49,7 @@ struct KernelLayouts {
                            GMMA::Major::K, GMMA::Major::MN>()));
 };
 
-// What a cache dtype computes in. bf16 and fp16 caches run the tensor cores in their own type. An fp8
-// e4m3 cache is widened to fp16 (exact: every e4m3 value is an fp16 value); q (bf16) is converted to
-// fp16 times kFp8QPrescale on load (exact unless |q| < 2^-6, where fp16 subnormals keep fewer bits;
-// the factor keeps |q| up to 2^24 finite) and out is bf16. On the 64-row path the raw fp8 bytes of a
-// slot land in the upper half of that same fp16 slot and the producer widens them in place, so fp8
-// keeps the two fp16 stages of the other dtypes; on the transposed path (SharedStorageStFp8) they stay
-// raw in shared memory and the math warpgroups widen them in registers.
-template <class Cache>
-struct CacheTypes {
-  using Mma = Cache;
-  using Q = Cache;
-  using Out = Cache;
-  static constexpr bool kFp8 = false;
-};
-template <>
-struct CacheTypes<cutlass::float_e4m3_t> {
-  using Mma = cutlass::half_t;
-  using Q = cutlass::bfloat16_t;
-  using Out = cutlass::bfloat16_t;
-  static constexpr bool kFp8 = true;
-};
-constexpr float kFp8QPrescale = 1.f / 256.f;
-
-// 72 KiB Q + 2 x 72 KiB KV ring (kShort, the short-split fp8 kernel: 4 x 36 KiB of 32 tokens) + row statistics
+// The 64-row path: 72 KiB Q + 2 x 72 KiB KV ring (kShort, the short-split fp8 kernel: 4 x 36 KiB of 32 tokens) + row statistics
 // and barriers: 216 KiB, one CTA per SM. Sub-tile c of a KV stage (columns 64c .. 64c+63 of all 64
 // tokens) is the contiguous 8 KiB at byte offset c * 8192 (4 KiB at c * 4096 for 32 tokens),
 // because the swizzle atoms are laid out column-block-major. The consumer writes a tile's P into the
@@ -82,12 +59,12 @@ template <class Cache, bool kShort = false>
 struct SharedStorage {
   using Types = CacheTypes<Cache>;
   using Element = typename Types::Mma;
-  static_assert(!kShort || Types::kFp8, "short tiles: the fp8 kernel of short splits (constants.cuh)");
+  static_assert(!kShort || Types::kFp8, "short tiles: the fp8 kernel of short splits (config.cuh)");
   static constexpr int kRowsPerCta = kBlockM;
   static constexpr int kTileN = kShort ? kShortTileN : kBlockN;  // KV tokens per tile
   static constexpr int kRing = kShort ? kShortStages : kStages;  // tile t in stage t % kRing
   static constexpr bool kRegWiden = false;  // fp8: the producer's widening warps widen in shared memory
-  // setmaxnreg budgets (constants.cuh)
+  // setmaxnreg budgets (config.cuh)
   static constexpr uint32_t kProducerRegsUsed = Types::kFp8 ? kProducerRegsFp8 : kProducerRegs;
   static constexpr uint32_t kMathRegsUsed = Types::kFp8 ? kMathRegsFp8 : kMathRegs;
   alignas(1024) Element q[kBlockM * kHeadDimK];
@@ -194,10 +171,10 @@ struct SharedStorageSt : StOperands<typename CacheTypes<Cache>::Mma, kRows> {
 // staging bytes (convert_q_st_fp8) before they meet at kBarStQ, so o_x is written only in merge_st,
 // after both. A CTA without tiles copies no Q.
 // Byte offset of raw row `row`'s 16-byte chunk `chunk` (values 16 chunk .. 16 chunk + 15) in a 4 KiB
-// slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3 with
-// MLA_FP8_RING_SWIZZLE (rows 8 apart share a position).
+// slot of the transposed fp8 ring: rows of 64 bytes, chunks swizzled by (row >> 1) & 3, so that the
+// V^T loads of a quarter warp hit distinct bank groups (rows 8 apart share a position).
 __host__ __device__ __forceinline__ constexpr int raw_offset(int row, int chunk) {
-  return row * kSubTileCols + 16 * (MLA_FP8_RING_SWIZZLE ? chunk ^ ((row >> 1) & 3) : chunk);
+  return row * kSubTileCols + 16 * (chunk ^ ((row >> 1) & 3));
 }
 
 template <int kRows>
@@ -208,11 +185,11 @@ struct SharedStorageStFp8 {
   static constexpr int kTileN = kBlockN;
   // 32 rows: three stages and two math warpgroups (Q 36 KiB + ring 108 KiB + P^T 8 KiB + o_x 66 KiB).
   static constexpr int kRing = kRows > 16 ? kStagesStFp8Rows32 : kStagesStFp8;
-  static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_regs.cuh)
+  static constexpr bool kRegWiden = true;  // the math warpgroups convert fp8 in registers (consumer_st_fp8.cuh)
   static constexpr int kMathWgs = kRows > 16 ? 2 : kStMathWgsFp8;  // tile t belongs to warpgroup t % kMathWgs
   // consume_st_regs waits on a stage's full barrier by parity: sound only if the fill of tile t - kRing
   // completed before the warpgroup's previous tile t - kMathWgs, or is the warpgroup's own previous
-  // tile (kRing == kMathWgs) (scripts/st_ring_protocol_sim.py).
+  // tile (kRing == kMathWgs) (tests/design/st_ring_protocol_sim.py).
   static_assert(kRing >= kMathWgs, "at least as many stages as math warpgroups");
   static constexpr int kThreads = kProducerThreads + 128 * kMathWgs;
   static constexpr uint32_t kProducerRegsUsed =
@@ -226,7 +203,7 @@ struct SharedStorageStFp8 {
   float col_stat[kMathWgs][4][kRows];
   float wg_max[kMathWgs][kRows];
   int key_limit[kMathWgs * 4][kRows];  // three warpgroups or 32 rows: per math warp, each column's mask limit
-  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (store_rows_st_to, MLA_ST_ROW_OUT_ONCE)
+  float row_out[2][kRows];  // per query row: output scale (v_scale / l) and lse (store_rows_st_to)
   uint64_t q_full;
   uint64_t kv_full[kRing * kSubTiles];   // 128 arrivals: every producer thread's copies of the slot
   uint64_t kv_empty[kRing * kSubTiles];  // 4 arrivals: the owning warpgroup's warps

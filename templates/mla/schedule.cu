@@ -10,7 +10,7 @@
 
 namespace mla {
 
-// Whole 64-key tiles that hold `keys` keys (kernel.cuh's tiles_of, without its includes).
+// Whole 64-key tiles that hold `keys` keys (params.cuh tiles_of, without its includes).
 __device__ __forceinline__ int schedule_tiles(int keys) { return keys / 64 + (keys % 64 != 0); }
 
 // The busiest CTA's work and the number of shared-request pieces of the cut `bounds` (see schedule.cuh):
@@ -208,4 +208,11 @@ extern "C" int64_t mla_variants_schedule_ints(int32_t batch, int32_t ctas) { ret
 // Where the schedule records which cut it kept (0 balanced, 1 uniform-equivalent), in int32 values.
 extern "C" int64_t mla_variants_schedule_kind_offset(int32_t batch, int32_t ctas) {
   return mla::schedule_kind_offset(batch, ctas);
+}
+
+// The schedule's cost model (config.cuh): the tiles a shared request's piece costs, and the margin
+// below which the balanced cut is kept. For tests that replay the kernel's choice on the host.
+extern "C" void mla_variants_schedule_model(float* piece_cost, float* balanced_margin) {
+  *piece_cost = mla::kPieceCost;
+  *balanced_margin = mla::kBalancedMargin;
 }

@@ -28,10 +28,9 @@
 // and the uniform-equivalent cut, which gives each CTA k consecutive (request, split) pieces of the
 // uniform split into S splits (k = ceil(batch S / G); the uniform launch's work when batch S <= G).
 // A cut's price, in tiles: its busiest CTA's tiles plus `overhead` per segment, plus kPieceCost per
-// piece of a request that several CTAs share (its fp32 partial written, then read by the combine);
-// the balanced cut is kept only when it is priced below kBalancedMargin times the other. kPieceCost
-// was fitted to the H200 measurements of docs/perf-notes.md v3.9; the margin was lowered from 0.95 to
-// 0.85 in v3.10, where batch 1 x 1024 (priced 0.92) ran 6-12% slower balanced.
+// piece of a request that several CTAs share (its partial written, then read by the combine); the
+// balanced cut is kept only when it is priced below kBalancedMargin times the other (both values are
+// policy, config.cuh; docs/design.md says how they were fitted).
 // A request with no key (seq_len 0) has cost overhead and is covered by exactly one CTA (which writes
 // out 0 and lse -inf). Pieces number at most batch + G - 1 (every inner boundary splits at most one
 // request), the workspace's size (split_workspace).
@@ -39,18 +38,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "config.cuh"  // kPieceCost, kBalancedMargin
+
 namespace mla {
 
 constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts and their prices do not spill
 
-constexpr float kPieceCost = 0.07f;      // tiles per piece of a shared request
-// MLA_SCHED_MARGIN (default 0.85; other values for an A/B): the balanced cut must be priced below this
-// times the other. mla_variants/testing.py mirrors the defaults of both constants for the GPU test of
-// the schedule (tests/test_schedule_model.py checks the mirror), so that test assumes a default build.
-#ifndef MLA_SCHED_MARGIN
-#define MLA_SCHED_MARGIN 0.85f
-#endif
-constexpr float kBalancedMargin = MLA_SCHED_MARGIN;
 
 // Offsets (in int32) of the layout's parts.
 __host__ __device__ __forceinline__ int64_t schedule_cost_offset(int batch, int ctas) {

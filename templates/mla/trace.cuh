@@ -3,14 +3,14 @@
 // device buffer (exports.cu: allocated by the first mla_variants_trace_* call, on the device current
 // then) and every decode CTA stamps %globaltimer (ns) at its phases into its own 16 words there: CTA
 // (x, y) of the grid at word 16 (x + gridDim.x y). Each launch overwrites the stamps of the one before,
-// so read them after every call (mla_variants_trace_read / _clear; benchmarks/trace.py does). Nothing
+// so read them after every call (mla_variants_trace_read / _clear; lab/trace.py does). Nothing
 // of a call's own inputs or outputs is touched. Launches on another device, launches while tracing is
 // switched off (mla_variants_trace_enable), and launches before the buffer exists do not trace.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "constants.cuh"
+#include "config.cuh"
 
 #ifndef MLA_TRACE
 #define MLA_TRACE 0
@@ -20,7 +20,7 @@ namespace mla {
 
 enum TraceSlot : int {
   kTraceEntry = 0,          // first math thread, at kernel entry
-  kTraceProducerStart = 1,  // producer thread 0, past the barrier set-up (with MLA_Q_FIRST Q is already in flight)
+  kTraceProducerStart = 1,  // producer thread 0, past the barrier set-up (uniform 16-bit kernels: Q already in flight)
   kTraceQLanded = 2,        // first math thread: Q in shared memory (q_full complete; uniform launches; on the
                             // fp8 register path its bf16 rows, before the math warps round them)
   kTraceLoopDone = 3,       // first math thread: its warpgroup's main loop done (uniform launches)

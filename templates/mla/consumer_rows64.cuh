@@ -1,4 +1,4 @@
-// The math warpgroups of the decode kernel (see kernel.cuh for the whole CTA): S = Q K^T, the online
+// The 64-row path's math warpgroups (see kernel.cuh for the whole CTA): S = Q K^T, the online
 // softmax, and O += P V over the KV tiles the producer lands in shared memory, "seesaw" ownership:
 // tile t lives in stage t % 2 (the short-split fp8 kernel: 32-token tiles, stage t % 4) and its S and
 // softmax belong to math warpgroup t % 2 alone (S = 64 x 64, N = 64: each wgmma reads 2 KiB of Q and
@@ -17,9 +17,12 @@
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 
-#include "constants.cuh"
+#include "arch.cuh"
+#include "config.cuh"
+#include "epilogue.cuh"
 #include "layouts.cuh"
-#include "primitives.cuh"
+#include "mma.cuh"
+#include "params.cuh"
 
 namespace mla {
 
@@ -108,52 +111,9 @@ __device__ __forceinline__ void exp_store_p(const Frag& S, const MathContext& c,
   }
 }
 
-// S = Q K^T over all 576 columns, each 64-column k-slice issued as soon as its slot has landed.
-template <class TiledMma, class FragQ, class FragK, class FragS>
-__device__ __forceinline__ void issue_s(TiledMma& mma, const FragQ& tSrQ, const FragK& tSrK, FragS& tSrS,
-                                        uint64_t* full, int parity) {
-  constexpr int kKStepsPerSubTile = kSubTileCols / 16;
-  fence_fragment(tSrS);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int c = 0; c < kSubTiles; ++c) {
-    wait_barrier(&full[c], parity);
-    if constexpr (MLA_KV_READER_FENCE != 0) fence_proxy_async_shared();  // off by default (constants.cuh)
-    CUTE_UNROLL
-    for (int k = c * kKStepsPerSubTile; k < (c + 1) * kKStepsPerSubTile; ++k) {
-      cute::gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-  }
-  warpgroup_commit_batch();
-}
-
-// O (+)= P V for this warpgroup's 256 columns of V, P and V read from shared memory.
-template <class TiledMma, class FragP, class FragV, class FragO>
-__device__ __forceinline__ void issue_pv(TiledMma& mma, const FragP& tOrP, const FragV& tOrV, FragO& tOrO) {
-  fence_fragment(tOrO);
-  warpgroup_arrive();
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-  warpgroup_commit_batch();
-}
-
-// One arrival of this warp on each of `count` empty barriers starting at `first`.
-__device__ __forceinline__ void release(uint64_t* first, int count, int lane) {
-  if (lane == 0) {
-    for (int j = 0; j < count; ++j) arrive_barrier(first + j);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Two-stage "seesaw" consumer (bf16 / fp16). Named barriers over both math warpgroups (256 threads,
-// one side arrives, the other waits), plus one per warpgroup (128 threads):
-constexpr int kBarMaxA = 1;   // warpgroup 0 published the row max after its tile (row_max[0])
-constexpr int kBarPA = 2;     // warpgroup 0's P is in its tile's RoPE slot
-constexpr int kBarMaxPB = 3;  // warpgroup 1 published the row max after its tile (row_max[1]) and its P
-constexpr int kBarOwnP = 4;   // + wg: the warpgroup's own four warps finished writing P
-constexpr int kBarEnd = 6;    // both warpgroups' row sums are in row_sum (the epilogue, any consumer)
+// Two-stage "seesaw" consumer. The hand-over between the two math warpgroups runs on named barriers
+// (arch.cuh: kBarMaxA, kBarPA, kBarMaxPB, kBarOwnP + wg; one side arrives, the other waits).
 // Empty-barrier arrivals a slot of a stage needs, one per math warp that reads it: stage w's tiles
 // are read for S by warpgroup w (all 9 slots) and for P V by warpgroup v (latent slots 4v .. 4v+3);
 // the RoPE slot holds P, which both read.
@@ -166,8 +126,8 @@ __host__ __device__ constexpr int two_stage_empty_count(int stage, int slot) {
 // kSFirst = false releases tile a right after P V(a) and issues S(b) after it, which gives the fp8
 // producer's copy and widen warps more slack to refill tile a + 2. Both orders are deadlock-free with
 // the fp8 producer's separate copy and widen warps (a single producer thread group that copied t + 1
-// before widening t would deadlock with kSFirst). For fp8, S first measured 1.012 (v3.9) and the
-// stall ledgers of v3.16 explain why (constants.cuh MLA_FP8_S_FIRST).
+// before widening t would deadlock with kSFirst). The 16-bit kernels and the fp8 short-split kernel
+// run S first, the fp8 64-token kernel P V first (docs/design.md).
 template <bool kSFirst, class Cache, bool kShort, class FragO>
 __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& s, const MathContext& c, FragO& tOrO,
                                                   float (&m_run)[2], float (&l_run)[2]) {
@@ -308,6 +268,86 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 64-row path's math warpgroups for one piece of work w (a CTA of the uniform split, or one
+// segment of a scheduled CTA): S, softmax and O over w's tiles (consume_two_stage), then the epilogue, to
+// out/lse (piece_row -1) or to the workspace piece starting at row piece_row. phases: the ring stages'
+// and Q's barrier parities (MathContext); buf: which row_sum buffer the epilogue uses (segments
+// alternate, so a warpgroup that runs ahead into the next segment never overwrites sums the other is
+// still reading). kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches of an MLA_TRACE build).
+// kShort: the short-split fp8 kernel's storage (32-token tiles, four stages) and its S-first order.
+template <class Cache, int NUM_HEADS, bool kStaged, bool kTrace = false, bool kShort = false>
+__device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cache, kShort>& s, const CtaWork& w,
+                                        int64_t piece_row, float score_scale, float v_scale, int phases, int buf) {
+  using Types = CacheTypes<Cache>;
+  using Element = typename Types::Mma;
+  using L = KernelLayouts<Element>;
+  static_assert(SharedStorage<Cache, kShort>::kRing == 2 || !kSchedulable<Cache, NUM_HEADS>,
+                "MathContext::phases holds the parities of two stages (and Q's in bit 2)");
+  const MlaDecodeArgs& a = p.a;
+  const int tid = threadIdx.x - kProducerThreads;
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+  const int tid_wg = tid % 128;
+  const int lane = tid % 32;
+  const int row0 = (tid_wg / 32) * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  // Causal, bottom-right aligned: query qi sees keys < seq_len - (q_len - 1 - qi).
+  int key_limit[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int qi = (w.m_block * kBlockM + row0 + 8 * r) / NUM_HEADS;
+    key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+  }
+
+  Tensor tOrO = partition_fragment_C(typename L::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDimV / kNumWarpgroups>>{});
+  clear(tOrO);
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  if (w.num_tiles > 0) {
+    const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
+    const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
+                          phases};
+    consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort>(s, ctx, tOrO, m_run, l_run);
+    if constexpr (kSchedulable<Cache, NUM_HEADS>) {
+      if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
+    }
+  }
+  if constexpr (kTrace) {
+    trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
+    trace_at(p, kProducerThreads + 128 * (kNumWarpgroups - 1)).stamp(kTraceLoopDoneLast);
+  }
+
+  // Both warpgroups end on the same row max; their row sums (over their own columns of P) add up.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    if (lane % 4 == 0) s.row_sum[buf][wg][row0 + 8 * r] = l_run[r];
+  }
+  math_barrier(kBarEnd);
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceMerged);
+  float inv_sum[2], lse[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float l = s.row_sum[buf][0][row0 + 8 * r] + s.row_sum[buf][1][row0 + 8 * r];
+    // A row that saw no key (empty request, empty split, or q_len > seq_len): out 0, lse -inf.
+    inv_sum[r] = l > 0.f ? v_scale / l : 0.f;
+    lse[r] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+    if (w.bad_len) inv_sum[r] = lse[r] = __int_as_float(0x7fc00000);  // NaN
+  }
+  if constexpr (kStaged) {
+    // A non-split kernel (piece_row is -1). Past kBarEnd no math warp reads the ring, and a uniform
+    // launch's producer has no tile left.
+    static_assert(sizeof(s.kv[0]) >= kBlockM * (kHeadDimV / kNumWarpgroups) * sizeof(typename Types::Out),
+                  "a stage holds a warpgroup's block of O");
+    store_rows_staged<typename Types::Out, NUM_HEADS>(p, reinterpret_cast<char*>(s.kv[wg]), w.b, w.m_block, wg, tid_wg,
+                                                      row0, tOrO, inv_sum, lse);
+  } else {
+    // Split kernels store their pieces (or, run with one split, out) straight from the accumulators.
+    store_rows<typename Types::Out, NUM_HEADS>(p, w.b, piece_row, w.m_block, wg, row0, tOrO, inv_sum, lse);
+  }
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceStored);
 }
 
 }  // namespace mla

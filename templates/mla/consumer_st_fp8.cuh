@@ -18,17 +18,16 @@
 //   atoms are 16 contiguous bytes of a token row; a k-step then needs 4 loads (tokens 2t, 2t+1, 2t+8,
 //   2t+9) and byte permutes pair two tokens per register. P^T is stored with tokens in the order
 //   st_token(k) = k ^ ((k >> 1) & 1), which puts two even and two odd token rows in every load
-//   instruction, and the raw ring's 16-byte chunks are swizzled by (row >> 1) & 3 (raw_offset,
-//   MLA_FP8_RING_SWIZZLE), so the lanes of a quarter warp hit distinct bank groups (v3.7: 4
-//   wavefronts per V^T load instead of 8; docs/perf-notes.md).
+//   instruction, and the raw ring's 16-byte chunks are swizzled by (row >> 1) & 3 (raw_offset), so the
+//   lanes of a quarter warp hit distinct bank groups (4 wavefronts per V^T load instead of 8).
 #pragma once
 #include <cuda_runtime.h>
 
-#include "constants.cuh"
+#include "arch.cuh"
+#include "config.cuh"
 #include "consumer_st.cuh"
 #include "layouts.cuh"
-#include "primitives.cuh"
-#include "producer.cuh"
+#include "producer_fp8.cuh"  // load_q_pairs, store_q_chunk
 
 namespace mla {
 

@@ -1,19 +1,36 @@
-// Small device primitives shared by the producer and the math warpgroups: cp.async, TMA and mbarrier
-// wrappers, proxy fences, named barriers, dtype conversions and operand fences.
+// Device primitives of the Hopper architecture that every role uses: the named-barrier ids, cp.async,
+// mbarrier and TMA (cp.async.bulk.tensor) wrappers, proxy fences and dtype conversions.
 #pragma once
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
-#include "constants.cuh"
-#include "layouts.cuh"
+#include "config.cuh"
 
 namespace mla {
 
-using namespace cute;
+// ---------------------------------------------------------------------------------------------
+// Named barriers (bar.sync / bar.arrive ids; 0 is __syncthreads), all of them here. Each id names who
+// meets there.
+// 64-row path, the two math warpgroups' seesaw hand-over (consumer_rows64.cuh; 256 threads, one side
+// arrives, the other waits):
+constexpr int kBarMaxA = 1;    // warpgroup 0 published the row max after its tile (row_max[0])
+constexpr int kBarPA = 2;      // warpgroup 0's P is in its tile's RoPE slot
+constexpr int kBarMaxPB = 3;   // warpgroup 1 published the row max after its tile (row_max[1]) and its P
+constexpr int kBarOwnP = 4;    // + wg (4, 5): the warpgroup's own four warps finished writing P (128 threads)
+constexpr int kBarEnd = 6;     // both warpgroups' row sums are in row_sum (the 64-row epilogue)
+// 64-row path, the fp8 producer (producer_fp8.cuh):
+constexpr int kBarFp8Copy = 7;  // the 64 copy threads (TMA tiles: warp 1 waits for warp 0's issue loop)
+constexpr int kBarWiden = 8;    // the 64 widening threads: every raw byte of a slot read before fp16 lands on it
+// transposed path (consumer_st.cuh, consumer_st_fp8.cuh):
+constexpr int kBarStWg = 9;      // + wg (9, 10, 11): the 128 threads of one math warpgroup
+constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchange at the end
+// every path:
+constexpr int kBarProducer = 13;  // the 128 producer threads (TMA tiles: warps 1-3 wait for warp 0's issue loop)
+constexpr int kBarStQ = 14;       // all math warpgroups of the transposed fp8 path: Q rounded to fp16
 
 // ---------------------------------------------------------------------------------------------
-// Small device helpers.
+// Copies, barriers, fences and conversions.
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -63,8 +80,7 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8_prescaled(uint4 v) {
 }
 
 // Barrier `id` over the kMathThreads math threads only (256, or 384 with three math warpgroups); the
-// producer never takes part. One side of a
-// hand-over arrives (its shared-memory writes before the arrive are visible to the waiters), the
+// producer never takes part. One side of a hand-over arrives (its shared-memory writes before the arrive are visible to the waiters), the
 // other waits with math_barrier.
 template <int kMathThreads = 128 * kNumWarpgroups>
 __device__ __forceinline__ void math_barrier(int id) {
@@ -139,12 +155,6 @@ __device__ __forceinline__ float2 unpack2<cutlass::bfloat16_t>(uint32_t v) {
 template <>
 __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
-}
-
-template <class Frag>
-__device__ __forceinline__ void fence_fragment(Frag& frag) {
-  CUTE_UNROLL
-  for (int i = 0; i < size(frag); ++i) warpgroup_fence_operand(frag(i));
 }
 
 }  // namespace mla

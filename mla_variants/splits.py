@@ -1,0 +1,80 @@
+"""The split heuristic: how many KV splits a call takes when the caller does not say (flash-decoding's
+idea: split the keys when the batch alone cannot fill the GPU). It reads which kernel a variant runs
+from the variant's path facts (the build's manifest), never from rules of its own."""
+from __future__ import annotations
+
+import torch
+
+from . import _binding
+from .dispatch import PathFacts, VariantNotCompiledError
+from .validation import DTYPE_TOKEN, fail, shown
+
+HEURISTIC_MAX_SPLITS = 64  # never more: beyond it the combine costs more than the finer split saves
+
+
+def _for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sms: int, tile_keys: int) -> int:
+    """The count for CTAs of `rows` query rows (num_kv_splits_for)."""
+    ctas = batch * -(-rows_per_req // rows)
+    if ctas == 0 or ctas >= num_sms:
+        return 1
+    by_sms = num_sms // ctas
+    tiles = -(-max_seq_len // tile_keys)  # integer ceil: any int, however large
+    by_len = max(1, tiles if batch == 1 else tiles // 2)
+    return max(1, min(by_sms, by_len, HEURISTIC_MAX_SPLITS))
+
+
+def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, max_seq_len: int,
+                      num_sms: int) -> int:
+    """The heuristic for a variant with these path facts, on arguments known to be in range.
+
+    The unsplit grid is batch * ceil(num_heads * q_len / rows) CTAs, rows = facts.rows_per_cta, one CTA
+    per SM at a time. If that fills the SMs: 1. Otherwise as many pieces as fill the SMs once, at most
+    ceil(max_seq_len / tile) // 2 (two tiles per piece: one round of the two math warpgroups) or, for a
+    single request, ceil(max_seq_len / tile) (one tile per piece: its combine is small), at most
+    HEURISTIC_MAX_SPLITS. When the pieces this gives are short enough for the variant's second kernel
+    (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
+    """
+    rows = facts.rows_per_cta
+    n = _for_rows(batch, num_heads * q_len, rows, max_seq_len, num_sms, facts.tile_keys)
+    launch_rows = facts.launch_rows(max_seq_len, n)
+    if launch_rows != rows:
+        n = _for_rows(batch, num_heads * q_len, launch_rows, max_seq_len, num_sms, facts.tile_keys)
+    return n
+
+
+def facts_for(num_heads: int, page_size: int, dtype_token: str) -> PathFacts | None:
+    """The facts of the variant a split call (else an unsplit one) of this shape runs in the loaded
+    build; None when no split variant serves it (such calls run one split)."""
+    lib = _binding.library()
+    try:
+        return lib.plan(num_heads, page_size, dtype_token, True)[0].facts
+    except VariantNotCompiledError:
+        return None
+
+
+def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, *,
+                          page_size: int, kv_dtype=torch.bfloat16) -> int:
+    """The split count mla_decode and MLADecodePlan choose when none is given, for the loaded build.
+
+    batch >= 0 requests; num_heads and q_len of the call; max_seq_len in tokens (the longest sequence the
+    call may see; block_table's width times page_size when the caller gives nothing better); num_sms the
+    GPU's multiprocessor count; page_size and kv_dtype (torch.bfloat16, torch.float16,
+    torch.float8_e4m3fn or 'bf16' / 'fp16' / 'fp8_e4m3') pick the variant, whose path facts say how many
+    query rows its CTAs hold (:func:`num_kv_splits_for` has the rule; docs/design.md the measurements).
+    Returns 1 when the build has no split variant for the call. All sizes are ints (not bools): batch
+    and max_seq_len >= 0, the others >= 1. Raises MLAInputError naming a bad argument,
+    VariantNotCompiledError when no variant serves (page_size, kv_dtype), LibraryNotBuiltError when
+    nothing was built.
+    """
+    for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("max_seq_len", max_seq_len),
+                    ("num_sms", num_sms), ("page_size", page_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("batch", "max_seq_len") else 1):
+            fail(name, "a non-negative int" if name in ("batch", "max_seq_len") else "a positive int", shown(v))
+    token = DTYPE_TOKEN.get(kv_dtype, kv_dtype) if isinstance(kv_dtype, (torch.dtype, str)) else None
+    if token not in DTYPE_TOKEN.values():
+        fail("kv_dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", shown(kv_dtype))
+    facts = facts_for(num_heads, page_size, token)
+    if facts is None:
+        _binding.library().plan(num_heads, page_size, token, False)  # raises when nothing serves the call
+        return 1
+    return num_kv_splits_for(facts, batch, num_heads, q_len, max_seq_len, num_sms)

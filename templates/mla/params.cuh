@@ -1,0 +1,110 @@
+// What a decode CTA knows about its launch: the kernel parameters (the ABI struct plus values the host
+// derives once), the CTA's request, query-row block and key range of the uniform split, and the
+// trace and dependent-launch hooks every path calls.
+#pragma once
+#include <cuda.h>  // CUtensorMap (a type only: the library does not link libcuda)
+#include <cuda_runtime.h>
+
+#include "abi.h"
+#include "config.cuh"
+#include "trace.cuh"
+
+namespace mla {
+
+// ---------------------------------------------------------------------------------------------
+// Kernel parameters: the ABI struct plus values derived once on the host.
+
+struct DecodeParams {
+  MlaDecodeArgs a;
+  int num_m_blocks;     // ceil(NUM_HEADS * q_len / ROWS) of the launched kernel (launch.cuh)
+  float scale_log2;     // softmax_scale * log2(e)
+  // kTmaPages kernels: use_tma = 1 when the host encoded kv_map (launch.cuh, tma_map.cuh), else every
+  // tile takes the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box
+  // {64, 64, 1}, 128-byte swizzle (fp8: bytes, no swizzle). CUtensorMap is 64-byte aligned (128 with
+  // CUDA 13's headers), so is DecodeParams; the kernel takes it as a __grid_constant__ parameter, which
+  // TMA reads through its generic address.
+  int use_tma;
+  CUtensorMap kv_map;
+#if MLA_TRACE
+  uint64_t* trace;      // the library's trace buffer (trace.cuh), or null
+#endif
+};
+
+// The calling CTA's phase-trace sink for thread `thread` (trace.cuh); a no-op unless MLA_TRACE.
+__device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread) {
+#if MLA_TRACE
+  return trace_sink(p.trace, thread);
+#else
+  return TraceSink{nullptr};
+#endif
+}
+
+// Whole kBlockN-key tiles that hold `keys` keys (keys >= 0; no overflow near INT_MAX).
+__host__ __device__ __forceinline__ int tiles_of(int keys) { return keys / kBlockN + (keys % kBlockN != 0); }
+// The same in a storage's own tiles (SharedStorage::kTileN: 32 in the short-split fp8 kernel). Splits and
+// schedules stay in kBlockN units, so a split's keys start at a multiple of either tile.
+template <int kTileN>
+__host__ __device__ __forceinline__ int tiles_of_n(int keys, int tiles_64) {
+  if constexpr (kTileN == kBlockN) {
+    return tiles_64;
+  } else {
+    return keys / kTileN + (keys % kTileN != 0);
+  }
+}
+
+// The key range [begin, end) that split `split` of a request with `seq_len` keys covers. Every
+// split of a request gets the same whole number of kBlockN tiles, so the work divides evenly.
+__host__ __device__ __forceinline__ void split_range(int seq_len, int num_splits, int split, int& begin,
+                                                     int& end) {
+  const int tiles = tiles_of(seq_len);
+  const int64_t keys_per_split = int64_t((tiles + num_splits - 1) / num_splits) * kBlockN;
+  begin = int(min(int64_t(seq_len), split * keys_per_split));
+  end = int(min(int64_t(seq_len), begin + keys_per_split));
+}
+
+// The work of a CTA: request b, query-row block m_block, split `split` and its keys [kv_begin, kv_end)
+// in num_tiles tiles. A seq_len that block_table cannot address (or a negative one) is never read past
+// the table: the request's rows get NaN (bad_len), so the bad input cannot pass for an answer. The
+// block indices are read with volatile moves, so each caller (producer, math warpgroups) computes its
+// own copy instead of the compiler keeping one live across the roles' setmaxnreg.
+struct CtaWork {
+  int b, m_block, split, seq_len, kv_begin, kv_end, num_tiles;
+  bool bad_len;
+};
+// Request b's seq_len, or 0 with bad_len set when block_table cannot address it (or it is negative).
+template <int PAGE_SIZE>
+__device__ __forceinline__ int checked_seq_len(const MlaDecodeArgs& a, int b, bool& bad_len) {
+  const int raw_len = a.seq_lens[b];
+  bad_len = raw_len < 0 || int64_t(raw_len) > int64_t(a.max_pages_per_seq) * PAGE_SIZE;
+  return bad_len ? 0 : raw_len;
+}
+// The uniform launch's CTA coordinates (grid x = m_block + num_m_blocks * request, y = split).
+__device__ __forceinline__ void cta_coords(const DecodeParams& p, int& b, int& m_block, int& split) {
+  uint32_t cx, cy;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(cy));
+  m_block = int(cx) % p.num_m_blocks;
+  b = int(cx) / p.num_m_blocks;
+  split = int(cy);
+}
+template <int PAGE_SIZE>
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
+  const MlaDecodeArgs& a = p.a;
+  CtaWork w;
+  cta_coords(p, w.b, w.m_block, w.split);
+  w.seq_len = checked_seq_len<PAGE_SIZE>(a, w.b, w.bad_len);
+  split_range(w.seq_len, a.num_kv_splits, w.split, w.kv_begin, w.kv_end);
+  w.num_tiles = tiles_of(w.kv_end - w.kv_begin);
+  return w;
+}
+
+// Split variants: allow the combine grid, a programmatic dependent launch (launch.cuh), to be scheduled. The trigger counts per CTA (the
+// first thread to execute it fires it for its CTA; the early-returning producer neither fires nor holds
+// it), so the combine can be scheduled once every decode CTA has a math warp past its stores; results
+// do not depend on it, since the combine waits for the whole decode grid before reading.
+template <bool SPLIT>
+__device__ __forceinline__ void allow_dependent_launch() {
+  if constexpr (SPLIT) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+}  // namespace mla

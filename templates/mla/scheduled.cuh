@@ -1,0 +1,124 @@
+// The balanced schedule's walk inside the decode kernel (schedule.cuh holds the schedule's layout and
+// schedule.cu the kernel that makes it): a scheduled CTA covers the (request, tile) range [B_c, B_c+1),
+// one segment per request it touches. Only the 64-row path of 16-bit caches takes it (kSchedulable).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "arch.cuh"
+#include "config.cuh"
+#include "consumer_rows64.cuh"
+#include "params.cuh"
+#include "producer.cuh"
+#include "schedule.cuh"
+#include "trace.cuh"
+
+namespace mla {
+
+using namespace cute;
+
+// The scheduled CTA's index c and query-row block (grid x = m_block + num_m_blocks * c).
+__device__ __forceinline__ void sched_cta(const DecodeParams& p, int& c, int& m_block) {
+  uint32_t cx;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
+  m_block = int(cx) % p.num_m_blocks;
+  c = int(cx) / p.num_m_blocks;
+}
+
+// The segment of request b from tile t in CTA c, whose range ends at (end_b, end_t). CtaWork.split is
+// the segment's piece, or -1 when the CTA covers the whole request (it writes out directly). A request
+// whose tile count differs from the one it was scheduled with (the schedule was made for other
+// seq_lens) gets no tiles and NaN rows, like a seq_len the block table cannot address.
+template <int PAGE_SIZE>
+__device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, int m_block, int b, int t, int end_b,
+                                                 int end_t) {
+  const MlaDecodeArgs& a = p.a;
+  const ScheduleView sv{a.schedule, a.sched_ctas};
+  const int32_t* r = sv.request(b);
+  const int sched_tiles = r[kReqTiles];
+  CtaWork w;
+  w.b = b;
+  w.m_block = m_block;
+  w.seq_len = checked_seq_len<PAGE_SIZE>(a, b, w.bad_len);
+  if (tiles_of(w.seq_len) != sched_tiles) w.bad_len = true;
+  if (w.bad_len) w.seq_len = 0;
+  const int t1 = b == end_b ? end_t : sched_tiles;
+  w.kv_begin = w.bad_len ? 0 : t * kBlockN;
+  w.kv_end = w.bad_len ? 0 : int(min(int64_t(w.seq_len), int64_t(t1) * kBlockN));  // t1 * 64 may reach 2^31
+  w.num_tiles = w.bad_len ? 0 : t1 - t;
+  w.split = r[kReqPieces] == 1 ? -1 : r[kReqFirstPiece] + (c - r[kReqFirstCta]);
+  return w;
+}
+
+// Whether the cursor (b, t) is still before the CTA's end bound (lexicographic order).
+__device__ __forceinline__ bool sched_before(int b, int t, int end_b, int end_t) {
+  return b < end_b || (b == end_b && t < end_t);
+}
+
+// The scheduled producer: per segment with tiles, Q (once the math warps are done with the previous
+// segment's Q: q_empty) and its tiles. The ring continues across segments: each stage counts its own
+// uses, a segment's tile 0 always takes stage 0, and `state` carries the parities: bits 0-1 those of
+// the stages' next uses, bit 2 Q's next fill, bit 3 set once Q was filled. The producer runs at 40
+// registers, so the loop keeps only b and state live across produce: the CTA index is read again
+// from %ctaid and the end bound from the schedule on every segment.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, const void* kv_map) {
+  const ScheduleView sv{p.a.schedule, p.a.sched_ctas};
+  int b, t;
+  {
+    int c, m_block;
+    sched_cta(p, c, m_block);
+    b = sv.bound_req(c);
+    t = sv.bound_tile(c);
+  }
+  int state = 0;
+  trace_at(p, 0).stamp(kTraceProducerStart);
+  for (;; ++b, t = 0) {
+    int c, m_block;
+    sched_cta(p, c, m_block);
+    const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
+    if (!sched_before(b, t, end_b, end_t)) break;
+    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    if (w.num_tiles == 0) continue;
+    if (state & 8) wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
+    produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
+                                         kv_map, state & 3);
+    state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
+    state |= 8;
+  }
+  trace_at(p, 0).stamp(kTraceProducerDone);
+}
+
+// The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
+// writes its rows: out 0 and lse -inf, or NaN), with the stage and Q parities the producer uses.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+__device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedStorage<Cache>& s) {
+  static_assert(SPLIT, "a scheduled launch writes workspace pieces: split variants only");
+  const MlaDecodeArgs& a = p.a;
+  int c, m_block;
+  sched_cta(p, c, m_block);
+  const ScheduleView sv{a.schedule, a.sched_ctas};
+  int b = sv.bound_req(c), t = sv.bound_tile(c);
+  const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
+  int u0 = 0, u1 = 0, k = 0, seg = 0;
+  for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
+    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
+    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
+                                                 (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
+    if (w.num_tiles > 0) {
+      u0 += (w.num_tiles + 1) / 2;
+      u1 += w.num_tiles / 2;
+      ++k;
+    }
+  }
+  if constexpr (MLA_TRACE != 0) {  // k: segments with tiles; u0 + u1: their tiles
+    const TraceSink tr = trace_at(p, kProducerThreads);
+    tr.stamp(kTraceStored);
+    tr.info(u0 + u1);
+    tr.put(kTraceSegments, uint64_t(k));
+  }
+  allow_dependent_launch<SPLIT>();
+}
+
+
+}  // namespace mla

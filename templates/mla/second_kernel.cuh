@@ -1,0 +1,30 @@
+// A variant's second kernel (config.cuh SecondKernel), compiled in a translation unit of its own
+// (templates/variant_second.cu.j2) so that the variant's own unit holds only its own kernels and NVVM
+// schedules each kernel as it would alone. launch.cuh declares launch_second and calls it when every
+// split of a launch holds at most the variant's kSecondMaxSplitKeys keys:
+// - kShortSplit (fp8 split variants of the 64-row path): 32-token tiles in four stages, S first
+//   (mla_decode_kernel<..., SHORT = true>);
+// - kRows64 (17..32-head 16-bit variants, whose own kernel is the transposed one with 32 rows): the
+//   64-row kernel (mla_decode_kernel<..., ROWS = kBlockM>).
+#pragma once
+#include "launch.cuh"
+
+namespace mla {
+
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+cudaError_t launch_second(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  using Traits = VariantTraits<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+  if constexpr (Traits::kSecond == SecondKernel::kShortSplit) {
+    using ShortStorage = KernelStorage<Cache, kBlockM, true>;
+    static_assert(ShortStorage::kThreads == KernelStorage<Cache, Traits::kRows>::kThreads, "one block size per variant");
+    return launch_decode_kernel<ShortStorage>(mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, true, false, true>, p, grid,
+                                              stream);
+  } else if constexpr (Traits::kSecond == SecondKernel::kRows64) {
+    return launch_decode_kernel<KernelStorage<Cache, kBlockM>>(
+        mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, kBlockM>, p, grid, stream);
+  } else {
+    return cudaErrorInvalidValue;  // never called: this variant has no second kernel
+  }
+}
+
+}  // namespace mla
