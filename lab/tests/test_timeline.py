@@ -1,12 +1,10 @@
-"""benchmarks/timeline.py's grouping of a profiler's device timeline into calls (CPU: synthetic records)."""
+"""lab/timeline.py's grouping of a profiler's device timeline into calls (CPU: synthetic records)."""
 import pytest
-
-from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
-def timeline():
-    with benchmark_module("timeline") as module:
+def timeline(lab_module):
+    with lab_module("timeline") as module:
         yield module
 
 

@@ -1,7 +1,7 @@
 """Where the time of each CTA goes inside the decode kernel: a per-CTA phase trace (a diagnostic build).
 
     CUDAFLAGS=-DMLA_TRACE=1 mla-variants build --filter 'h128_p64_bf16*' --build-dir /tmp/bt --generated-dir /tmp/gt
-    MLA_VARIANTS_GENERATED=/tmp/gt python benchmarks/trace.py --heads 128 --page 64 --batch 128 --seq 1024
+    MLA_VARIANTS_GENERATED=/tmp/gt python lab/trace.py --heads 128 --page 64 --batch 128 --seq 1024
 
 Takes the same case filters as benchmarks/bench.py. In a trace build (templates/mla/trace.cuh) every
 decode CTA stamps %globaltimer into its own words of a buffer the library owns; this script clears it
@@ -13,7 +13,7 @@ that phase waits for memory or instruction fetch). Phases per CTA (us; medians o
 calls, with the 10th and 90th percentile):
 
   start    : CTA entry -> producer thread 0 past the barrier set-up (seq_lens load, barrier init,
-             register handover; with MLA_Q_FIRST Q's copies are already in flight by then)
+             register handover; Q's copies may already be in flight by then)
   q        : CTA entry -> Q in shared memory, as the first math thread sees it
   loop     : Q -> the first math warpgroup's main loop is done (also per tile: loop / tiles)
   lag      : the first math warpgroup's loop done -> the last one's (what the merge waits for;
@@ -36,9 +36,8 @@ per-tile rate, the cost of a segment and the fixed cost: the terms of the schedu
 
 A build without MLA_TRACE has no stamps; the script then says so. A case runs only where its call
 is one launch of a variant compiled for exactly its head count (no masked rows, no head groups), so
-that the CTA indices decode to the kernel's row blocks; the decoding assumes the default build's paths
-(the transposed one up to 16 heads, 32 for 16-bit caches, whose short splits run the 64-row kernel;
-a -DMLA_ST=0 or -DMLA_ST32=0 build would be decoded wrongly).
+that the CTA indices decode to the kernel's row blocks; the rows per CTA come from the launch's own
+facts (the library's plan: launch.facts.launch_rows), not from a copy of the kernel's path choice.
 """
 from __future__ import annotations
 
@@ -48,25 +47,34 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench.py (which puts this checkout first)
+import bench  # noqa: E402  (benchmarks/bench.py: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
 from mla_variants import _binding  # noqa: E402
-from mla_variants.api import _launch_rows, _rows_per_cta  # noqa: E402
 
 SLOTS = 16                # 64-bit words per CTA (templates/mla/trace.cuh kTraceSlots; TraceSlot below)
 ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED = range(10)
 
 
-def rows_per_cta(num_heads: int, dtype: str = "bf16", max_seq_len: int | None = None, num_kv_splits: int = 1) -> int:
-    """Query rows per CTA of the default build (MLA_ST, MLA_ST32): 8 up to 8 heads, 16 up to 16, 32 up
-    to 32, else 64 (mla_variants.api._rows_per_cta); given the launcher's bound
-    (max_seq_len) and the split count, 64 for a 17..32-head launch whose splits run the 64-row kernel
-    (api._launch_rows)."""
-    fp8 = dtype == "fp8_e4m3"
-    return _rows_per_cta(num_heads, fp8) if max_seq_len is None else _launch_rows(num_heads, fp8, max_seq_len,
-                                                                                   num_kv_splits)
+def the_launch(num_heads: int, page_size: int, dtype: str, split: bool):
+    """The one launch of the loaded library that serves a call (its plan), or None when the call is
+    not one launch of a variant compiled for exactly num_heads heads (masked rows or head groups would
+    not decode to the kernel's row blocks) or no variant serves it."""
+    try:
+        launches = _binding.library().plan(num_heads, page_size, dtype, split)
+    except LookupError:
+        return None
+    return launches[0] if len(launches) == 1 and launches[0].key[0] == num_heads else None
+
+
+def rows_per_cta(launch, max_seq_len: int | None = None, num_kv_splits: int = 1) -> int:
+    """Query rows per CTA of the kernel a launch (an entry of the library's plan) runs: the variant's
+    own rows (launch.facts.rows_per_cta), or, given the launcher's bound (max_seq_len) and the split
+    count, launch.facts.launch_rows: its second kernel's rows when every split is short."""
+    if max_seq_len is None:
+        return launch.facts.rows_per_cta
+    return launch.facts.launch_rows(max_seq_len, num_kv_splits)
 
 
 def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
@@ -214,19 +222,20 @@ def main(argv=None) -> int:
         name = f"{heads} x {batch} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
         splits = bench.case_splits(case, args, q_len, sm_count)
         split = splits > 1 or args.balanced
-        try:  # the launches mla_decode (or the plan) makes for this call
-            launches = _binding.library().plan(heads, page, args.dtype, split)
-        except LookupError:
-            launches = []
-        if len(launches) != 1 or launches[0].key[0] != heads:
+        launch = the_launch(heads, page, args.dtype, split)  # the launch mla_decode (or the plan) makes
+        if launch is None:
+            try:
+                symbols = [l.symbol for l in _binding.library().plan(heads, page, args.dtype, split)]
+            except LookupError:
+                symbols = []
             print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {args.dtype} "
-                  f"variant in this build: {[l.symbol for l in launches] or 'no variant'})")
+                  f"variant in this build: {symbols or 'no variant'})")
             continue
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
         call, out, lse = bench.decode_call(inputs, splits)
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
         bound = inputs["block_table"].shape[1] * page  # the launcher's bound: decode_call gives no max_seq_len
-        m_blocks = -(-heads * q_len // rows_per_cta(heads, args.dtype, bound, splits))
+        m_blocks = -(-heads * q_len // rows_per_cta(launch, bound, splits))
         grid_x, grid_y = m_blocks * batch, splits
         if args.balanced:
             call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)

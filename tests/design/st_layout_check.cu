@@ -7,7 +7,7 @@
 //   - V^T (SmemLayoutVt) as the transpose of the KV tile (SmemLayoutKV).
 // Build and run:
 //   nvcc -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -Itemplates -I$(python3 -c "import cutlass_library,os;\
-//     print(os.path.dirname(cutlass_library.__file__))")/source/include scripts/st_layout_check.cu -o /tmp/st_check && /tmp/st_check
+//     print(os.path.dirname(cutlass_library.__file__))")/source/include tests/design/st_layout_check.cu -o /tmp/st_check && /tmp/st_check
 #include <cstdio>
 
 #include "mla/layouts.cuh"

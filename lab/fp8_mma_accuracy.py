@@ -1,6 +1,6 @@
 """Would fp8 tensor-core math stay inside issue 5's accuracy bound? A CPU simulation, no kernel.
 
-    python benchmarks/fp8_mma_accuracy.py [--trials N] [--seq 4096] [--heads 16]
+    python lab/fp8_mma_accuracy.py [--trials N] [--seq 4096] [--heads 16]
 
 Issue 5 allows fp8 matrix instructions (q quantized to e4m3 on the fly) "if accuracy stays inside the
 bound" (mla_variants.testing.FP8_TOLERANCE). This script computes, in fp32 on the CPU, what each
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
 from mla_variants.fp8 import FP8_DTYPE, FP8_MAX, quantize_kv  # noqa: E402
 from mla_variants.testing import FP8_TOLERANCE, compare  # noqa: E402
 

@@ -1,12 +1,13 @@
-"""Run one decode case a few times, for ncu: python scripts/profile_case.py HEADS BATCH SEQ PAGE [SPLITS] [fp8]
-    ncu --clock-control none -k regex:mla_decode_kernel -s 2 -c 1 --section SpeedOfLight ... python scripts/profile_case.py 16 32 16384 64
+"""Run one decode case a few times, for ncu: python lab/profile_case.py HEADS BATCH SEQ PAGE [SPLITS] [fp8]
+    ncu --clock-control none -k regex:mla_decode_kernel -s 2 -c 1 --section SpeedOfLight ... python lab/profile_case.py 16 32 16384 64
 With a trailing `fp8` the cache is float8_e4m3fn (k_scale 0.5) instead of bf16.
 """
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
 from mla_variants import mla_decode  # noqa: E402
 
 

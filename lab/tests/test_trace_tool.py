@@ -1,14 +1,12 @@
-"""benchmarks/trace.py's parts that need no GPU: reading the stamps a trace build (MLA_TRACE=1,
+"""lab/trace.py's parts that need no GPU: reading the stamps a trace build (MLA_TRACE=1,
 templates/mla/trace.cuh) leaves in the library's trace buffer, and turning them into phases."""
 import pytest
 import torch
 
-from conftest import benchmark_module
-
 
 @pytest.fixture(scope="module")
-def trace():
-    with benchmark_module("trace") as module:
+def trace(lab_module):
+    with lab_module("trace") as module:
         yield module
 
 
@@ -25,7 +23,7 @@ def _words(ctas, stamps, slots=16):
 
 def test_slots_match_the_kernel_header(trace):
     from pathlib import Path
-    header = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "trace.cuh").read_text()
+    header = (Path(__file__).resolve().parents[2] / "templates" / "mla" / "trace.cuh").read_text()
     assert f"constexpr int kTraceSlots = {trace.SLOTS};" in header
     for name, slot in (("kTraceLoopDoneLast", trace.LOOP_DONE_LAST), ("kTraceMerged", trace.MERGED),
                        ("kTraceSegments", trace.SEGMENTS), ("kTraceStored", trace.STORED)):
@@ -52,12 +50,54 @@ def test_records_decode_the_grid(trace):
         (0, 0, 0, 7, 4), (2, 1, 0, 9, 3), (2, 1, 1, 2, 1)]
 
 
-def test_rows_per_cta_follow_the_kernel_paths(trace):
-    assert [trace.rows_per_cta(h) for h in (1, 8, 9, 16, 17, 32, 33, 64, 128)] == [8, 8, 16, 16, 32, 32, 64, 64, 64]
-    assert [trace.rows_per_cta(h, "fp8_e4m3") for h in (8, 16, 17, 32, 33, 64)] == [8, 16, 32, 32, 64, 64]
-    # 17..32 heads, 16-bit: splits under 1024 keys run the 64-row kernel (launch.cuh MLA_ST32_MIN_KEYS)
-    assert [trace.rows_per_cta(32, "bf16", 4096, n) for n in (1, 4, 5, 64)] == [32, 32, 64, 64]
-    assert trace.rows_per_cta(16, "bf16", 64, 1) == 16 and trace.rows_per_cta(32, "fp8_e4m3", 8192, 64) == 32
+class _Facts:
+    """A launch's facts as the library's plan gives them (launch.facts): 32 rows per CTA, and the
+    second kernel's 64 when every split is shorter than 1024 keys."""
+    rows_per_cta = 32
+
+    def __init__(self):
+        self.calls = []
+
+    def launch_rows(self, max_seq_len, num_kv_splits):
+        self.calls.append((max_seq_len, num_kv_splits))
+        return 64 if -(-max_seq_len // num_kv_splits) < 1024 else 32
+
+
+class _Launch:
+    def __init__(self, key, symbol="mla_decode_h32_p64_bf16_split"):
+        self.key, self.symbol, self.facts = key, symbol, _Facts()
+
+
+class _Library:
+    def __init__(self, plans):
+        self.plans, self.asked = plans, []
+
+    def plan(self, num_heads, page_size, dtype, split):
+        self.asked.append((num_heads, page_size, dtype, split))
+        got = self.plans.get(num_heads)
+        if got is None:
+            raise LookupError(f"no variant for {num_heads} heads")  # VariantNotCompiledError is a LookupError
+        return got
+
+
+def test_rows_per_cta_come_from_the_launch_facts(trace):
+    launch = _Launch((32, 64, "bf16", True))
+    assert trace.rows_per_cta(launch) == 32 and launch.facts.calls == []  # the variant's own rows
+    assert [trace.rows_per_cta(launch, 4096, n) for n in (1, 4, 5, 64)] == [32, 32, 64, 64]
+    assert launch.facts.calls == [(4096, 1), (4096, 4), (4096, 5), (4096, 64)]  # the bound and split count as given
+
+
+def test_the_launch_is_the_plan_of_one_exact_variant(trace, monkeypatch):
+    """A case is traced only where the library's plan for it is one launch of a variant with exactly its
+    head count: masked rows or head groups would not decode to the kernel's row blocks."""
+    exact, larger = _Launch((32, 64, "bf16", True)), _Launch((64, 64, "bf16", True))
+    lib = _Library({32: [exact], 24: [larger], 128: [_Launch((64, 64, "bf16", True)), _Launch((64, 64, "bf16", True))]})
+    monkeypatch.setattr(trace._binding, "library", lambda: lib)
+    assert trace.the_launch(32, 64, "bf16", True) is exact
+    assert trace.the_launch(24, 64, "bf16", True) is None  # served with masked rows by the 64-head variant
+    assert trace.the_launch(128, 64, "bf16", True) is None  # two head groups
+    assert trace.the_launch(16, 64, "bf16", True) is None  # no variant
+    assert lib.asked[0] == (32, 64, "bf16", True)
 
 
 def test_phases_and_waves(trace):

@@ -1,6 +1,6 @@
-"""The stall ledger of one kernel from Nsight Compute's source page (scripts/ncu_stalls.sh makes it).
+"""The stall ledger of one kernel from Nsight Compute's source page (lab/ncu_stalls.sh makes it).
 
-    python3 scripts/ncu_stalls.py stalls_source.csv [--top N]
+    python3 lab/ncu_stalls.py stalls_source.csv [--top N]
 
 `ncu --import R --page source --csv --print-source sass` writes one row per SASS instruction with its
 warp-state samples in total and per stall reason. This prints the instructions that hold the most

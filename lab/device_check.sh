@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the H200 (see docs/perf-notes.md): install, build, run the GPU tests, benchmark.
-#   scripts/device_check.sh [build-filter-args...]
+# One call on the H200 (lab/README.md): install, build, run the GPU tests, benchmark.
+#   lab/device_check.sh [build-filter-args...]
 # Environment: BENCH_ARGS (default: a small subset), PYTEST_ARGS (default: -x -q tests).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"

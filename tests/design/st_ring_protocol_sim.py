@@ -19,7 +19,7 @@ behind); with W = 2 each warpgroup owns its stages and order does not matter. Th
 cp.async.mbarrier.arrive.noinc fires once all of the thread's earlier cp.async copies are complete, so
 a thread's arrival for tile t + 1 cannot precede its arrival for tile t.
 
-    python3 scripts/st_ring_protocol_sim.py
+    python3 tests/design/st_ring_protocol_sim.py
 """
 import random
 

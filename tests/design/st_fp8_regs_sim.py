@@ -1,17 +1,17 @@
 """Host-side design check of the fp8 register path's index math, no GPU.
 
-Mirrors the formulas of templates/mla/layouts.cuh (raw_offset), consumer_st_regs.cuh
-(the per-thread V^T load offsets v_off, st_token) and consumer_st.cuh (merge_st's float4 merge and
-store_rows_st's swap) in Python and checks: the precomputed offsets equal raw_offset of the permuted
-rows; shared-memory wavefronts per 16-byte warp load with and without the ring swizzle (4 = no bank
-conflict, quarter-warp model); the float4 merge writes every O value where store_rows_st reads it, and
-its stores are conflict-free. It checks the design, not the compiled code: the GPU tests do that.
+Mirrors the formulas of templates/mla/layouts.cuh (raw_offset, with the ring's chunk swizzle),
+consumer_st_fp8.cuh (the per-thread V^T load offsets v_off, st_token) and epilogue.cuh (merge_st's
+float4 merge and store_rows_st's swap) in Python and checks: the precomputed offsets equal raw_offset of
+the permuted rows; shared-memory wavefronts per 16-byte warp load (4 = no bank conflict, quarter-warp
+model); the float4 merge writes every O value where store_rows_st reads it, and its stores are
+conflict-free. It checks the design, not the compiled code: the GPU tests do that.
 
-    python3 scripts/st_fp8_regs_sim.py
+    python3 tests/design/st_fp8_regs_sim.py
 """
 import numpy as np, torch
 # ---- (a) raw_offset swizzle: v_off precompute and bank groups (quarter-warp model, 16-byte loads)
-def raw_offset(row, chunk, swz=True): return row*64 + 16*((chunk ^ ((row >> 1) & 3)) if swz else chunk)
+def raw_offset(row, chunk): return row*64 + 16*(chunk ^ ((row >> 1) & 3))  # the ring's chunk swizzle
 def st_token(k): return k ^ ((k >> 1) & 1)
 bad = 0
 for tq in range(4):
@@ -35,17 +35,16 @@ def wavefronts(addrs):  # 32 lanes of 16-byte loads, processed in quarter warps 
             groups.setdefault((a // 16) % 8, set()).add(a // 128)
         total += max(len(v) for v in groups.values())
     return total
-for swz in (False, True):
-    worstK = worstV = 0
-    for w in range(4):
-        for sub_row in (0, 8):
-            addrs = [raw_offset(16*w + lane//4 + sub_row, lane % 4, swz) for lane in range(32)]
-            worstK = max(worstK, wavefronts(addrs))
-        for k in range(4):
-            for off in (0, 1, 8, 9):
-                addrs = [4096*((2*w + (lane//4)//4) % 2) + raw_offset(st_token(16*k + 2*(lane%4) + off), (lane//4) % 4, swz) for lane in range(32)]
-                worstV = max(worstV, wavefronts(addrs))
-    print(f"swizzle={swz}: worst wavefronts per 512-byte warp load: K {worstK}, V {worstV} (4 = conflict-free)")
+worstK = worstV = 0
+for w in range(4):
+    for sub_row in (0, 8):
+        addrs = [raw_offset(16*w + lane//4 + sub_row, lane % 4) for lane in range(32)]
+        worstK = max(worstK, wavefronts(addrs))
+    for k in range(4):
+        for off in (0, 1, 8, 9):
+            addrs = [4096*((2*w + (lane//4)//4) % 2) + raw_offset(st_token(16*k + 2*(lane%4) + off), (lane//4) % 4) for lane in range(32)]
+            worstV = max(worstV, wavefronts(addrs))
+print(f"worst wavefronts per 512-byte warp load: K {worstK}, V {worstV} (4 = conflict-free)")
 
 # ---- (b) merge_v4 + store_rows_st swap, kRows = 32, 16 and 8 (two warpgroups: 256 threads)
 for kRows in (32, 16, 8):

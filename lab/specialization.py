@@ -1,7 +1,7 @@
 """Does each compile-time axis pay? Times a specialized variant against the next more generic one on
 identical inputs (issue 3: an axis that does not pay becomes a run-time parameter).
 
-    python benchmarks/specialization.py [--json PATH] [--reps N]
+    python lab/specialization.py [--json PATH] [--reps N]
 
 Pairs, each on the same q / cache / block_table / seq_lens, cold L2 (as benchmarks/bench.py):
   num_heads  the exact head-count variant vs the next larger compiled one serving it with masked rows
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench.py (which puts this checkout first)
 from bench import REPO, KVPool, L2Flush, build_inputs, time_cold  # noqa: E402
 
 import torch  # noqa: E402

@@ -1,6 +1,6 @@
 """Where the time of one cold call goes: the decode kernel, the gap to the combine kernel, the combine.
 
-    python benchmarks/timeline.py --page 64 --batch 1,32 --seq 1024 [--dtype fp8_e4m3] [--reps 20]
+    python lab/timeline.py --page 64 --batch 1,32 --seq 1024 [--dtype fp8_e4m3] [--reps 20]
 
 Takes the same case filters as benchmarks/bench.py (anchor cases, --heads/--batch/--seq/--page/--ragged,
 --dtype, --num-kv-splits). Each case is called --reps times the way bench.py times a cold call (L2
@@ -25,8 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (this directory: the benchmark's case loading, inputs and L2 flush)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench.py (which puts this checkout first)
+import bench  # noqa: E402  (benchmarks/bench.py: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
 DECODE, COMBINE = "mla_decode_kernel", "mla_combine"  # mla_combine_{warp,wide,scheduled}_kernel

@@ -1,15 +1,13 @@
-"""benchmarks/report.py: the README's tables and the issues' target checks from bench.py result files
+"""lab/report.py: the README's tables and the issues' target checks from bench.py result files
 (CPU: synthetic results)."""
 import json
 
 import pytest
 
-from conftest import benchmark_module
-
 
 @pytest.fixture(scope="module")
-def report():
-    with benchmark_module("report") as module:
+def report(lab_module):
+    with lab_module("report") as module:
         yield module
 
 

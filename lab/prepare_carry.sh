@@ -2,9 +2,9 @@
 # Run here (the machine without a GPU) before the first device call of a session: puts what the device
 # machine cannot download into git-ignored folders of this checkout, to be named in the call's carry:
 #   .whl/    the nvidia-cutlass wheel (CUTLASS/CuTe headers; the device has no network), which
-#            scripts/device_env.sh installs there
+#            lab/device_env.sh installs there
 #   shared/  a copy of the team's anchors (../shared/anchors-h200*.json), which the benchmark reads
-# Then: run(command="... scripts/device_check.sh ...", carry=[".whl", "shared"]).
+# Then: run(command="... lab/device_check.sh ...", carry=[".whl", "shared"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl shared

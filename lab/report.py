@@ -1,6 +1,6 @@
 """The README's result tables and the issues' target checks, from benchmarks/bench.py result files.
 
-    python benchmarks/report.py docs/bench/v3.27.json [--fp8 docs/bench/v3.27-fp8.json]
+    python lab/report.py docs/bench/v3.27.json [--fp8 docs/bench/v3.27-fp8.json]
                                 [--fp8-peers docs/bench/v3.27-fp8-peers.json]
 
 The first file is a bf16 run over the 200 anchor cases (bench.py --check --json ...). With --fp8 (the
@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
+from pathlib import Path
 
-from bench import geomean  # one geometric mean for bench.py's summary and these tables
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench import geomean  # noqa: E402  # one geometric mean for bench.py's summary and these tables
 
 ROWS = [(16, 1, 1024, False), (16, 8, 16384, False), (16, 32, 16384, False), (16, 128, 16384, False),
         (16, 32, 4096, True), (32, 32, 16384, False), (32, 128, 4096, False), (64, 32, 16384, False),

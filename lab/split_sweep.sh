@@ -3,7 +3,7 @@
 # each split count in SPLITS, against the library's heuristic, and print one row per case (cold us).
 # Uses whatever library MLA_VARIANTS_GENERATED / the default build points at (build it first).
 #
-#   SPLITS="1 2 4 8 16 32 64" BENCH_FILTER="--page 64 --batch 1,8" scripts/split_sweep.sh
+#   SPLITS="1 2 4 8 16 32 64" BENCH_FILTER="--page 64 --batch 1,8" lab/split_sweep.sh
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SPLITS=${SPLITS:-1 2 4 8 16 32 64}

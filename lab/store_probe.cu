@@ -1,7 +1,7 @@
 // What bounds an epilogue's stores on the H200: instructions, 32-byte sectors or bytes? (a probe, not
 // the product; docs/perf-notes.md v3.14: the epilogue's store phase is 1.4-3 us on every kernel path).
 //
-//   nvcc -O3 -arch=sm_90a -o /tmp/store_probe scripts/store_probe.cu && /tmp/store_probe
+//   nvcc -O3 -arch=sm_90a -o /tmp/store_probe lab/store_probe.cu && /tmp/store_probe
 //
 // Each CTA (256 threads, one per SM: it asks for 200 KiB of shared memory it does not use) stores one
 // decode CTA's epilogue worth of data in one of the kernel's patterns, into its own region:

@@ -1,8 +1,10 @@
-"""Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer.cuh), copy_fp8_tiles
-and widen_fp8_tiles (producer.cuh), at two stages of 64 tokens and at the short-split kernel's four stages of
-32, for both seesaw orders (MLA_FP8_S_FIRST), and at two stages with MLA_FP8_TMA's copies (copy warp 0
-alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes land in any order,
-then the copy warps' named barrier; the partial last tile, if the seed makes one, by both warps).
+"""Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer_rows64.cuh),
+copy_fp8_tiles and widen_fp8_tiles (producer_fp8.cuh), at two stages of 64 tokens (the seesaw order
+that releases tile a before S(b): kSFirst = false) and at the short-split kernel's four stages of 32
+(S first), and at two stages with TMA pages' copies (a launch with tma != "off" on a page size TMA
+serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes
+land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes one,
+by both warps).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -19,18 +21,18 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
   full32         kv_full initialised for one widening warp's 32 arrivals instead of 64
   early_release  warpgroup 0 releases its half of V (slots 0-3) of tile a right after S(a), before P V(a)
   no_w8          the widening warps skip the barrier between reading the raw bytes and overwriting them
-  tma_no_bar     MLA_FP8_TMA without the copy warps' named barrier (copy warp 1 then waits for a slot's
-                 release a phase too early; only the MLA_FP8_TMA configurations run)
+  tma_no_bar     TMA pages without the copy warps' named barrier (copy warp 1 then waits for a slot's
+                 release a phase too early; only the TMA configuration runs)
 
-    python3 scripts/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; CI runs main(6): 6 configurations
+    python3 tests/design/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
+    # 200: minutes; the design tests run main(6): 3 configurations
 """
 import random
 import sys
 
 NSUB = 9
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
-def empty_count(stage, slot):  # two_stage_empty_count (consumer.cuh)
+def empty_count(stage, slot):  # two_stage_empty_count (consumer_rows64.cuh)
     return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
 
 class Err(Exception):
@@ -61,7 +63,7 @@ class Sim:
     def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False):
         assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar"), mutation
         s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
-        # MLA_FP8_TMA: the full tiles (all but a partial last one, which the seed decides) go by TMA
+        # TMA pages: the full tiles (all but a partial last one, which the seed decides) go by TMA
         s.tma, s.n_full = tma, (n - rng.randrange(2)) if tma else 0
         full_count = 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
@@ -379,15 +381,16 @@ def main(nseeds=None, mutation=None):
     if nseeds is None:
         nseeds = 200
     configs = []
-    # (stages, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens, three slots a
-    # step (widen_slots32<3>); the default 2 x 64, two slots a step and the RoPE slot alone.
-    # MLA_FP8_TMA: the default two stages only (the short-split kernel keeps cp.async).
-    for ring, groups in ((4, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]), (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
-        for sfirst in (True, False):
-            for tma in ((False, True) if ring == 2 else (False,)):
-                if mutation == "tma_no_bar" and not tma:
-                    continue
-                configs.append((ring, sfirst, groups, tma))
+    # (stages, seesaw order, the widening's slot groups per barrier): the short-split kernel's 4 x 32 tokens,
+    # S first, three slots a step (widen_slots32<3>); the 64-token kernel's 2 x 64, tile a released before
+    # S(b) (consume_two_stage<kSFirst = !kFp8 || kShort>), two slots a step and the RoPE slot alone.
+    # TMA pages: the two stages of 64 only (the short-split kernel keeps cp.async).
+    for ring, sfirst, groups in ((4, True, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]),
+                                 (2, False, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
+        for tma in ((False, True) if ring == 2 else (False,)):
+            if mutation == "tma_no_bar" and not tma:
+                continue
+            configs.append((ring, sfirst, groups, tma))
     bad = 0
     for ring, sfirst, groups, tma in configs:
         errs = {}
@@ -399,7 +402,7 @@ def main(nseeds=None, mutation=None):
                         Sim(n, ring, sfirst, groups, rng, policy, mutation, tma).run()
                     except Err as e:
                         errs.setdefault(str(e)[:200], []).append((n, policy, seed))
-        tag = f"ring={ring} kSFirst={sfirst}" + (" MLA_FP8_TMA" if tma else "")
+        tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "")
         if mutation is not None:
             tag += f" mutation={mutation}"
         if errs:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Nsight Compute on the H200 for several decode cases, side by side: one decode kernel launch per case
-# (scripts/profile_case.py, the third call's launch), the clocks left alone (--clock-control none, as
+# (lab/profile_case.py, the third call's launch), the clocks left alone (--clock-control none, as
 # the device notes ask), and a table of the headline metrics (rows) per case (columns). Uses whatever
 # library the default build or MLA_VARIANTS_GENERATED points at (build the cases' variants first).
 #
-#   CASES="128:128:16384:1 128:128:16384:16 128:128:16384:64" scripts/ncu_cases.sh
-#   CASES="16:32:16384:64:fp8" NCU_SECTIONS="SpeedOfLight WarpStateStats" scripts/ncu_cases.sh
-#   CASES="64:128:4096:64" NCU_METRICS="breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed" scripts/ncu_cases.sh
+#   CASES="128:128:16384:1 128:128:16384:16 128:128:16384:64" lab/ncu_cases.sh
+#   CASES="16:32:16384:64:fp8" NCU_SECTIONS="SpeedOfLight WarpStateStats" lab/ncu_cases.sh
+#   CASES="64:128:4096:64" NCU_METRICS="breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed" lab/ncu_cases.sh
 #
 # A case is HEADS:BATCH:SEQ:PAGE[:SPLITS][:fp8] (profile_case.py's arguments). Output: $OUT/ncu.csv
 # (every metric of every case, with a `case` column) and $OUT/ncu_table.txt (the table printed here).
@@ -24,7 +24,7 @@ for c in $CASES; do
   IFS=: read -r -a f <<< "$c"
   # -s 2 -c 1: skip two decode launches (warm-up), profile the third.
   if ncu --clock-control none -k regex:mla_decode_kernel -s 2 -c 1 "${sections[@]}" --csv --page details \
-      python3 scripts/profile_case.py "${f[@]}" > "/tmp/ncu_$$.csv" 2> "/tmp/ncu_$$.err"; then
+      python3 lab/profile_case.py "${f[@]}" > "/tmp/ncu_$$.csv" 2> "/tmp/ncu_$$.err"; then
     python3 - "$c" "/tmp/ncu_$$.csv" "$OUT/ncu.csv" <<'PY'
 import csv, io, os, sys
 case, src, dst = sys.argv[1:]

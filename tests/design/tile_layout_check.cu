@@ -8,9 +8,9 @@
 //     row row0 + 8 ((i >> 1) & 1), column (i >> 2) 8 + 2 (lane % 4) + (i & 1)) against partition_C
 //     of TiledMmaS (64 x kTileN).
 // The layouts are evaluated through tensors on a 4096-byte aligned buffer (the swizzle acts on the
-// address). Build and run (tests/test_scripts.py does):
+// address). Build and run (tests/test_design_checks.py does):
 //   nvcc -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -Itemplates -I<cutlass include> \
-//     scripts/tile_layout_check.cu -o /tmp/tile_check && /tmp/tile_check
+//     tests/design/tile_layout_check.cu -o /tmp/tile_check && /tmp/tile_check
 #include <cstdio>
 
 #include "mla/layouts.cuh"

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""compute-sanitizer over small calls of every kernel path: the GPU check to run before calling a kernel
+change done (with the GPU tests and the benchmark).
+
+    python lab/sanitize.py                     # memcheck, racecheck and synccheck, each over all calls
+    python lab/sanitize.py --tools racecheck   # one tool
+    python lab/sanitize.py --calls [--only N]  # just run the calls (what compute-sanitizer wraps)
+
+Needs a build with the variants below (the default `mla-variants build`; a call whose variant is not
+built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
+the 64-row path with cp.async and TMA pages, staged and paired epilogues, split and not, both second
+kernels (the 64-row kernel of 17..32 heads on short splits, the fp8 short-split kernel), the balanced
+schedule, q_len 2, and every combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
+instruments every shared-memory access) and their results are checked against the fp32 reference.
+Exit status 0 only if every tool reports 0 errors and 0 hazards.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (name, num_heads, page_size, dtype, seq_lens, q_len, num_kv_splits, extra): extra "short" passes
+# max_seq_len=1 (every split short: the variant's second kernel), "balanced" runs MLADecodePlan's schedule.
+CALLS = [
+    ("st8-bf16-split", 8, 1, "bf16", [150, 1, 0], 1, 3, ""),
+    ("st8-fp8-split", 8, 16, "fp8", [150, 70], 2, 2, ""),
+    ("st16-bf16-nosplit", 16, 64, "bf16", [200, 65], 1, 1, ""),
+    ("st16-fp16-split", 16, 16, "fp16", [300, 3], 1, 12, ""),
+    ("st16-fp8-split", 16, 64, "fp8", [260, 64], 1, 2, ""),
+    ("st32-bf16-long", 32, 1, "bf16", [2100, 1500], 1, 1, ""),
+    ("st32-bf16-short-rows64", 32, 64, "bf16", [300, 129], 2, 3, "short"),
+    ("st32-fp8-split", 32, 1, "fp8", [333, 90], 1, 2, ""),
+    ("r64-bf16-p1-split", 64, 1, "bf16", [250, 64, 1], 1, 3, ""),
+    ("r64-bf16-p64-nosplit-staged", 64, 64, "bf16", [260, 128], 1, 1, ""),
+    ("r64-bf16-p64-split-tma", 128, 64, "bf16", [520, 200], 2, 20, ""),
+    ("r64-bf16-balanced", 64, 64, "bf16", [700, 30, 0, 1100], 1, None, "balanced"),
+    ("r64-fp16-p128-split-wide", 128, 128, "fp16", [2300], 1, 36, ""),
+    ("r64-fp8-p64-long-tma", 64, 64, "fp8", [600, 257], 1, 2, ""),
+    ("r64-fp8-p64-short", 128, 64, "fp8", [400, 100], 1, 4, "short"),
+    ("r64-fp8-p1-nosplit", 128, 1, "fp8", [190, 64], 2, 1, ""),
+]
+
+
+def run_calls(only: int | None) -> int:
+    import torch
+
+    from mla_variants import MLADecodePlan, VariantNotCompiledError, mla_decode, mla_decode_reference
+    from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+    failed = 0
+    for i, (name, heads, page, dt, lens, q_len, splits, extra) in enumerate(CALLS):
+        if only is not None and i != only:
+            continue
+        g = torch.Generator().manual_seed(i)
+        case = make_paged_case(lens, heads, page, q_len, dtypes[dt], generator=g)
+        kw = {"k_scale": case.k_scale} if case.k_scale is not None else {}
+        out = torch.full((len(lens), q_len, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
+        lse = torch.full((len(lens), heads, q_len), float("nan"), device="cuda")
+        try:
+            if extra == "balanced":
+                plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True)
+                plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
+                plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+            else:
+                mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                           num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if extra == "short" else None, **kw)
+            torch.cuda.synchronize()
+        except VariantNotCompiledError as e:
+            print(f"[{i}] {name}: skipped, not built ({str(e).split('.')[0]})", flush=True)
+            continue
+        ref = mla_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_table.cpu(), case.seq_lens.cpu(),
+                                   case.softmax_scale, **kw)
+        problems = compare(out.cpu(), lse.cpu(), *ref, **(FP8_TOLERANCE if dt == "fp8" else {}))
+        failed += bool(problems)
+        print(f"[{i}] {name}: {'ok' if not problems else problems}", flush=True)
+    return 1 if failed else 0
+
+
+def sanitize(tools: list[str], only: int | None) -> int:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    worst = 0
+    for tool in tools:
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--target-processes=all", "--print-limit=40"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report=all"]
+        cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        text = proc.stdout + proc.stderr
+        summary = re.findall(r"=+ (?:RACECHECK|ERROR) SUMMARY: .*", text) or ["(no summary line)"]
+        counts = [int(n) for line in summary for n in re.findall(r"(\d+) (?:hazards?|errors?)", line)]
+        bad = proc.returncode != 0 or any(counts) or summary == ["(no summary line)"]
+        worst = max(worst, int(bad))
+        print(f"--- {tool}: {'; '.join(summary)} (exit {proc.returncode})", flush=True)
+        if bad:
+            print(text[-12000:], flush=True)
+        else:
+            print("\n".join(l for l in text.splitlines() if l.startswith("[")), flush=True)
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", action="store_true", help="run the calls only (under compute-sanitizer)")
+    ap.add_argument("--only", type=int, default=None, help="run call N only")
+    ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
+    args = ap.parse_args()
+    if args.calls:
+        return run_calls(args.only)
+    return sanitize(args.tools.split(","), args.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The lab's device recipes (lab/*.sh) parse and the store probe (lab/store_probe.cu) compiles: both
+run only on the GPU machine, where a syntax error would cost a device call. The ncu stall ledger
+(lab/ncu_stalls.py) reads a source page, and the fp8 MMA accuracy study (lab/fp8_mma_accuracy.py)
+separates the designs it measures (CPU)."""
+import runpy
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codegen.build import BuildError, find_nvcc
+
+LAB = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(LAB.glob("*.sh"))
+
+
+def test_the_lab_has_its_recipes():
+    assert {p.name for p in SCRIPTS} >= {"ab_bench.sh", "ab_trace.sh", "device_check.sh", "device_env.sh",
+                                         "diagnose.sh", "ncu_cases.sh", "ncu_stalls.sh", "prepare_carry.sh",
+                                         "split_sweep.sh"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    p = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_recipes_name_no_compile_time_switch_but_the_trace(script):
+    """main has one diagnostic build axis (MLA_TRACE); A/Bs are done between trees (branches), and the
+    TMA mode is a launch argument, not the MLA_TMA environment variable."""
+    import re
+    text = script.read_text()
+    assert set(re.findall(r"-DMLA_[A-Z0-9_]+", text)) <= {"-DMLA_TRACE"}, script.name
+    assert not re.search(r"\bMLA_TMA\b", text), script.name
+
+
+def test_store_probe_compiles(tmp_path):
+    try:
+        nvcc = find_nvcc()
+    except BuildError as e:
+        pytest.skip(f"no CUDA compiler: {e}")
+    p = subprocess.run([str(nvcc), "-O3", "-arch=sm_90a", "-o", str(tmp_path / "store_probe"),
+                        str(LAB / "store_probe.cu")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_ncu_stall_ledger_reads_a_source_page():
+    """lab/ncu_stalls.py on a source page in ncu's shape (a title line, then the header): the
+    instruction with most samples comes first with its main reason, and a file without the columns
+    is refused with a message instead of an empty ledger."""
+    ncu_stalls = runpy.run_path(str(LAB / "ncu_stalls.py"))
+    page = ('"Kernel Name","mla_decode_kernel"\n'
+            '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_long_sb"\n'
+            '"0x10","LDS.128 R4, [R2]","1,200","100","1,100"\n'
+            '"0x20","BAR.SYNC 0x8, 0x40","800","790","10"\n'
+            '"0x30","IADD3 R1, R1, 0x1, RZ","0","0","0"\n')
+    text = ncu_stalls["ledger"](page, top=5)
+    lines = text.splitlines()
+    assert lines[0].startswith("3 instructions, 2000 samples")
+    assert "0x10" in lines[2] and "60.0%" in lines[2] and lines[2].rstrip().endswith("long_sb 92%, barrier 8%")
+    assert "0x20" in lines[3] and "barrier 99%" in lines[3]
+    assert "half of all samples lie in 1 of 3 instructions" in text
+    assert "long_sb" in text.split("samples by reason:")[1].splitlines()[1]
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        ncu_stalls["ledger"]('"a","b"\n"1","2"\n')
+
+
+def test_fp8_mma_accuracy_study_separates_the_designs(lab_module):
+    """lab/fp8_mma_accuracy.py (the measurement behind keeping fp16 tensor-core math for fp8 caches):
+    widening to fp16 stays inside FP8_TOLERANCE, while e4m3 q for S and e4m3 P for P V leave it once
+    attention is sharp (q_std 10)."""
+    with lab_module("fp8_mma_accuracy") as study:
+        flat = study.run(trials=3, seq=512, heads=16, q_std=0.1, seed=1)
+        sharp = study.run(trials=3, seq=512, heads=16, q_std=10.0, seed=1)
+    assert all(r[0] for r in flat["fp16-widen"]) and all(r[0] for r in sharp["fp16-widen"])
+    assert not any(r[0] for r in sharp["s-fp8"]) and not any(r[0] for r in flat["s-fp8+pv-fp8"])

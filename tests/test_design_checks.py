@@ -1,0 +1,95 @@
+"""Design checks that run on the host (no GPU): the protocol simulations of the fp8 KV rings
+(tests/design/seesaw_protocol_sim.py for the 64-row path, st_ring_protocol_sim.py for the transposed
+path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
+index math against CuTe's layouts (tile_layout_check.cu for the 64-row path, st_layout_check.cu for the
+transposed one), compiled against templates/mla/layouts.cuh. They check the design, not the compiled
+kernels: the GPU tests do that. (The device recipes and diagnostics live in lab/, with their own tests.)"""
+import runpy
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codegen.build import BuildError, find_nvcc
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = Path(__file__).resolve().parent / "design"
+
+
+def test_seesaw_protocol_simulation_passes(capsys):
+    """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens, tile a released before S(b), with
+    cp.async copies and with TMA pages' copies; the fp8 short-split kernel's four stages of 32, S first)
+    with the in-place widening producer: no deadlock, stale phase, over-arrival or data race over
+    num_tiles 1-12 and five scheduling policies (6 random interleavings each here; the script's default
+    is 200)."""
+    sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
+    assert sim["main"](6) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count(" OK: ") == 3, out
+
+
+@pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 3), ("no_w8", 3), ("tma_no_bar", 1)])
+def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
+    """The simulation can fail: a kv_full count for one widening warp, warpgroup 0 releasing its half of
+    V before P V reads it, widening warps that overwrite raw bytes without their barrier, and TMA pages'
+    copy warps without their named barrier are each reported in every configuration they apply to."""
+    sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
+    assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
+    capsys.readouterr()
+
+
+def _compile_and_run(tmp_path, source: str) -> str:
+    try:
+        nvcc = find_nvcc()
+    except BuildError as e:
+        pytest.skip(f"no CUDA compiler: {e}")
+    from codegen.build import cutlass_include_dir
+    exe = tmp_path / Path(source).stem
+    p = subprocess.run([str(nvcc), "-std=c++17", "-arch=sm_90a", "--expt-relaxed-constexpr",
+                        f"-I{ROOT / 'templates'}", f"-I{cutlass_include_dir()}", "-o", str(exe),
+                        str(DESIGN / source)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
+    return run.stdout
+
+
+def test_tile_layout_check_passes(tmp_path):
+    """The widening's and P's shared-memory offsets, V^T as the KV tile's transpose and the S fragment's
+    mapping, at 64-token tiles and at the short-split kernel's 32 (host code: no GPU)."""
+    out = _compile_and_run(tmp_path, "tile_layout_check.cu")
+    assert "tile 64:" in out and "tile 32:" in out, out
+
+
+def test_st_layout_check_passes(tmp_path):
+    """The transposed path's Q and P^T offsets, its S^T and O^T fragment mappings and V^T as the KV
+    tile's transpose, against CuTe's layouts (host code: no GPU)."""
+    out = _compile_and_run(tmp_path, "st_layout_check.cu")
+    assert "rows 16:" in out and "rows  8:" in out, out
+
+
+def test_ring_protocol_simulation_passes(capsys):
+    runpy.run_path(str(DESIGN / "st_ring_protocol_sim.py"), run_name="__main__")
+    assert "no hang" in capsys.readouterr().out
+
+
+def test_ring_protocol_simulation_catches_a_ring_shallower_than_the_warpgroups():
+    """The model is not vacuous: a 2-stage ring with 3 math warpgroups (which layouts.cuh refuses)
+    lets a consumer pass on another tile's data in some interleaving."""
+    simulate = runpy.run_path(str(DESIGN / "st_ring_protocol_sim.py"))["simulate"]
+    with pytest.raises(AssertionError, match="another tile's data"):
+        for seed in range(300):
+            simulate(12, 3, ring=2, seed=seed)
+
+
+def test_fp8_register_path_index_math(capsys):
+    """The fp8 register path's precomputed V^T offsets match raw_offset, its 16-byte loads and the
+    float4 merge's stores are bank-conflict-free (4 wavefronts per warp), and store_rows_st reads every
+    O value where the merge wrote it, at 32, 16 and 8 rows."""
+    pytest.importorskip("numpy")
+    runpy.run_path(str(DESIGN / "st_fp8_regs_sim.py"))
+    out = capsys.readouterr().out
+    assert "offset mismatches: 0" in out, out
+    assert "K 4, V 4 (4 = conflict-free)" in out, out
+    for rows in (32, 16, 8):
+        assert f"kRows {rows}: read-back mismatches 0, worst wavefronts per merge float4 store 4" in out, out
