@@ -2,7 +2,7 @@
 """compute-sanitizer over small calls of every kernel path: the GPU check to run before calling a kernel
 change done (with the GPU tests and the benchmark).
 
-    python lab/sanitize.py                     # memcheck, racecheck and synccheck, each over all calls
+    python lab/sanitize.py [-j 8]              # memcheck, racecheck and synccheck, each call in its own process
     python lab/sanitize.py --tools racecheck   # one tool
     python lab/sanitize.py --calls [--only N]  # just run the calls (what compute-sanitizer wraps)
 
@@ -83,25 +83,46 @@ def run_calls(only: int | None) -> int:
     return 1 if failed else 0
 
 
-def sanitize(tools: list[str], only: int | None) -> int:
+def _one(tool: str, only: int | None, env: dict) -> tuple[str, bool, str]:
+    """compute-sanitizer `tool` over the calls (or call `only`): (its summary, clean?, the report)."""
+    cmd = ["compute-sanitizer", f"--tool={tool}", "--print-limit=200"]
+    if tool == "racecheck":
+        cmd += ["--racecheck-report=hazard"]
+    cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    text = proc.stdout + proc.stderr
+    summary = re.findall(r"=+ (?:RACECHECK|ERROR) SUMMARY: .*", text)
+    counts = [int(n) for line in summary for n in re.findall(r"(\d+) (?:hazards?|errors?)", line)]
+    clean = proc.returncode == 0 and bool(summary) and not any(counts) and "ok" in text
+    return ("; ".join(summary) or "(no summary line)") + f" (exit {proc.returncode})", clean, text
+
+
+def _sites(text: str) -> list[str]:
+    """The distinct (write site, read site) pairs of a racecheck report, with how often each was shown."""
+    pairs: dict[str, int] = {}
+    for block in text.split("hazard detected")[1:]:
+        where = re.findall(r"(Write|Read) Thread \(\d+,0,0\) at .*? in ([\w./]+:\d+)", block)
+        key = " vs ".join(f"{kind.lower()} {site}" for kind, site in where[:2])
+        pairs[key] = pairs.get(key, 0) + 1
+    return [f"{n} x {k}" for k, n in sorted(pairs.items(), key=lambda kv: -kv[1])]
+
+
+def sanitize(tools: list[str], only: int | None, jobs: int) -> int:
+    """Each tool over each call in its own process (`jobs` at a time): a summary line per call."""
+    import concurrent.futures
+
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    calls = [only] if only is not None else list(range(len(CALLS)))
     worst = 0
     for tool in tools:
-        cmd = ["compute-sanitizer", f"--tool={tool}", "--target-processes=all", "--print-limit=40"]
-        if tool == "racecheck":
-            cmd += ["--racecheck-report=all"]
-        cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-        text = proc.stdout + proc.stderr
-        summary = re.findall(r"=+ (?:RACECHECK|ERROR) SUMMARY: .*", text) or ["(no summary line)"]
-        counts = [int(n) for line in summary for n in re.findall(r"(\d+) (?:hazards?|errors?)", line)]
-        bad = proc.returncode != 0 or any(counts) or summary == ["(no summary line)"]
-        worst = max(worst, int(bad))
-        print(f"--- {tool}: {'; '.join(summary)} (exit {proc.returncode})", flush=True)
-        if bad:
-            print(text[-12000:], flush=True)
-        else:
-            print("\n".join(l for l in text.splitlines() if l.startswith("[")), flush=True)
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda i: _one(tool, i, env), calls))
+        for i, (summary, clean, text) in zip(calls, results):
+            worst = max(worst, int(not clean))
+            print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
+            if not clean:
+                sites = _sites(text)
+                print("\n".join(f"    {line}" for line in sites[:8]) if sites else text[-3000:], flush=True)
     return worst
 
 
@@ -110,10 +131,11 @@ def main() -> int:
     ap.add_argument("--calls", action="store_true", help="run the calls only (under compute-sanitizer)")
     ap.add_argument("--only", type=int, default=None, help="run call N only")
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
+    ap.add_argument("-j", "--jobs", type=int, default=8, help="sanitizer processes at a time (one call each)")
     args = ap.parse_args()
     if args.calls:
         return run_calls(args.only)
-    return sanitize(args.tools.split(","), args.only)
+    return sanitize(args.tools.split(","), args.only, args.jobs)
 
 
 if __name__ == "__main__":
