@@ -70,6 +70,25 @@ class PathFacts:
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
                    balanced_schedule=split and not transposed and not fp8)
 
+    @classmethod
+    def from_json(cls, d: dict) -> "PathFacts":
+        """The facts as the manifest records them (to_json), read back by the runtime."""
+        return cls(**{name: d[name] for name in cls.__dataclass_fields__})
+
+    def max_split_keys(self, max_seq_len: int, num_kv_splits: int) -> int:
+        """The most keys one split of a launch can get: whole tiles per split for the longest request
+        (launch.cuh max_split_keys; max_seq_len is the call's bound, at most the block table's capacity)."""
+        tiles = -(-max_seq_len // self.tile_keys)
+        return -(-tiles // num_kv_splits) * self.tile_keys
+
+    def runs_second(self, max_seq_len: int, num_kv_splits: int) -> bool:
+        """Whether a launch with this bound and split count runs the second kernel (launch.cuh)."""
+        return self.second_kernel is not None and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
+
+    def launch_rows(self, max_seq_len: int, num_kv_splits: int) -> int:
+        """Query rows per CTA of the kernel such a launch runs."""
+        return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_per_cta
+
     def cpp(self) -> str:
         """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""
         kind = {None: "kNone", "short_split": "kShortSplit", "rows64": "kRows64"}[self.second_kernel]

@@ -12,49 +12,13 @@ rules).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+# Which kernels a variant runs: codegen computes the facts once and writes them into the manifest; the
+# runtime reads them back into the same record (PathFacts.from_json) and never derives them.
+from codegen.variant import PathFacts
 
 Key = tuple[int, int, str, bool]  # (num_heads, page_size, dtype, split)
-
-
-@dataclass(frozen=True)
-class PathFacts:
-    """Which kernels a compiled variant runs, as the build's manifest records them (computed once by
-    codegen/variant.py and checked against the kernels' C++ traits when the variant compiled).
-
-    rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel (8 / 16 / 32 on the
-        transposed path, 64 on the 64-row path). second_kernel: None, "short_split" or "rows64": a second
-        kernel (second_rows_per_cta rows per CTA) that runs instead when every split of a launch holds at
-        most second_max_split_keys keys. tma / second_tma: whether that kernel loads full tiles by TMA.
-    balanced_schedule: whether MLADecodePlan's balanced schedule can run. tile_keys: keys per tile.
-    """
-
-    rows_per_cta: int
-    second_kernel: str | None
-    second_max_split_keys: int
-    tma: bool
-    second_tma: bool
-    balanced_schedule: bool
-    tile_keys: int
-    second_rows_per_cta: int
-
-    @classmethod
-    def from_json(cls, d: dict) -> "PathFacts":
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
-    def max_split_keys(self, max_seq_len: int, num_kv_splits: int) -> int:
-        """The most keys one split of a launch can get: whole tiles per split for the longest request
-        (the launcher's max_split_keys; max_seq_len is the call's bound, at most the block table's capacity)."""
-        tiles = -(-max_seq_len // self.tile_keys)
-        return -(-tiles // num_kv_splits) * self.tile_keys
-
-    def runs_second(self, max_seq_len: int, num_kv_splits: int) -> bool:
-        """Whether a launch with this bound and split count runs the second kernel."""
-        return self.second_kernel is not None and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
-
-    def launch_rows(self, max_seq_len: int, num_kv_splits: int) -> int:
-        """Query rows per CTA of the kernel such a launch runs."""
-        return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_per_cta
 
 
 class VariantNotCompiledError(LookupError):

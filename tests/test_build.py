@@ -30,11 +30,24 @@ def _cli(*args, cwd=ROOT):
 
 
 @pytest.fixture(scope="session")
-def ci_build(tmp_path_factory):
+def ci_build(tmp_path_factory, pytestconfig):
+    """The `ci` preset built once per session; its per-unit progress lines go to the terminal as they
+    come (the build takes a few minutes on two cores), past pytest's output capture."""
     d = tmp_path_factory.mktemp("ci_build")
     gen, bld = d / "generated", d / "build"
     t0 = time.monotonic()
-    p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
+    cmd = [sys.executable, "-m", "codegen", "build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    terminal = pytestconfig.pluginmanager.getplugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if terminal is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                terminal.write_line(f"ci build: {line.rstrip()}")
+    stderr = proc.stderr.read()
+    p = subprocess.CompletedProcess(cmd, proc.wait(), "".join(lines), stderr)
     assert p.returncode == 0, p.stdout + p.stderr
     return gen, bld, p, time.monotonic() - t0
 

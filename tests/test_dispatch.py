@@ -76,9 +76,8 @@ class _StubLibrary:
     def plan(self, num_heads, page_size, dtype, split):
         import dataclasses
 
-        from codegen.variant import PathFacts as Made
-        from mla_variants.dispatch import PathFacts
-        return [dataclasses.replace(l, facts=PathFacts.from_json(Made.of(*l.key).to_json()))
+        from codegen.variant import PathFacts
+        return [dataclasses.replace(l, facts=PathFacts.from_json(PathFacts.of(*l.key).to_json()))
                 for l in plan_launches(self.table, num_heads, page_size, dtype, split)]
 
 

@@ -113,9 +113,8 @@ def test_poisoning_covers_unused_slots():
 
 def _facts(num_heads, dtype="bf16", page_size=64, split=True):
     """A variant's path facts as codegen writes them into the manifest, read back as the runtime does."""
-    from codegen.variant import PathFacts as Made
-    from mla_variants.dispatch import PathFacts
-    return PathFacts.from_json(Made.of(num_heads, page_size, dtype, split).to_json())
+    from codegen.variant import PathFacts
+    return PathFacts.from_json(PathFacts.of(num_heads, page_size, dtype, split).to_json())
 
 
 def _splits(batch, heads, q_len, max_seq_len, num_sms, dtype="bf16"):

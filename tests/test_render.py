@@ -1,6 +1,5 @@
 """Rendering: deterministic, write-if-changed, hashed headers (flags and compiler included), stale files
 removed, filters, and the manifest with each variant's path facts."""
-import dataclasses
 import json
 import re
 
@@ -69,12 +68,10 @@ def test_the_manifest_records_each_variants_path_facts(tmp_path):
     manifest = json.loads((g / "manifest.json").read_text())
     assert manifest["library"] == "../build/libmla_variants.so"
     assert sorted(e["name"] for e in manifest["variants"]) == sorted(v.name for v in vs)
-    from mla_variants.dispatch import PathFacts as RuntimeFacts
-    assert [f.name for f in dataclasses.fields(RuntimeFacts)] == [f.name for f in dataclasses.fields(PathFacts)]
     for e in manifest["variants"]:
         v = Variant.from_name(e["name"])
         assert (e["num_heads"], e["page_size"], e["dtype"], e["split"]) == v.key
-        assert RuntimeFacts.from_json(e["facts"]) == RuntimeFacts(**dataclasses.asdict(v.facts))
+        assert PathFacts.from_json(e["facts"]) == v.facts
         assert e["sources"] == [f"variants/{f}" for f in v.sources]
         unit = (g / "variants" / f"{v.name}.cu").read_text()
         assert f"using Facts = {v.facts.cpp()};" in unit
@@ -157,11 +154,13 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
 
 
 def test_filters():
-    vs = _cfg().variants()
-    assert {v.name for v in select(vs, ["h64_p64_bf16"])} == {"mla_decode_h64_p64_bf16_split", "mla_decode_h64_p64_bf16_nosplit"}
-    assert {v.name for v in select(vs, ["h16_p64_bf16"])} == {"mla_decode_h16_p64_bf16_split"}  # nosplit: excluded
+    """--filter keeps the variants whose name matches (substring or glob); the expectations are read from
+    variants.yaml, so adding an axis value breaks nothing here."""
+    cfg = _cfg()
+    vs = cfg.variants()
+    assert {v.name for v in select(vs, ["h64_p64_bf16"])} == {
+        v.name for v in vs if (v.num_heads, v.page_size, v.dtype) == (64, 64, "bf16")}
     assert all(v.page_size == 1 for v in select(vs, ["_p1_*"]))
-    # 2 head counts x 4 pages x 3 dtypes split, + 128-head nosplit at pages 64 / 128 x 3 dtypes
-    assert len(select(vs, ["h8_", "h128_"])) == 2 * 4 * 3 + 2 * 3
+    assert {v.name for v in select(vs, ["h8_", "h128_"])} == {v.name for v in vs if v.num_heads in (8, 128)}
     assert select(vs, ["nothing"]) == []
     assert select(vs, None) == vs
