@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call that answers "where does a call's fixed time go" (docs/perf-notes.md v3.13, plan
+# One device call that answers "where does a call's fixed time go" (lab log v3.13 in docs/archive, plan
 # item 3): a default build and an MLA_TRACE build of the same variants, then
 #   1. lab/trace.py on the trace build: per-CTA phases, cold and with the code warm;
 #   2. lab/trace.py --balanced on ragged cases: the scheduled CTAs' per-tile / per-segment fit;

@@ -1,5 +1,5 @@
 // What bounds an epilogue's stores on the H200: instructions, 32-byte sectors or bytes? (a probe, not
-// the product; docs/perf-notes.md v3.14: the epilogue's store phase is 1.4-3 us on every kernel path).
+// the product; lab log v3.14, docs/archive: the epilogue's store phase is 1.4-3 us on every kernel path).
 //
 //   nvcc -O3 -arch=sm_90a -o /tmp/store_probe lab/store_probe.cu && /tmp/store_probe
 //

@@ -64,7 +64,7 @@ def _nan_out(case):
 # Builds with only one kind of split variant
 
 def test_split_only_build_serves_one_split_calls(monkeypatch):
-    """dispatch.py: 'unsplit calls ... fall back to a split variant run with one split' and
+    """mla_variants/dispatch.py: 'unsplit calls ... fall back to a split variant run with one split' and
     tests/test_dispatch.py asserts that plan. But launch.cuh demands a workspace for every SPLIT
     variant while api.py allocates none when num_kv_splits == 1 -> 'CUDA error 1: invalid argument'.
 """
