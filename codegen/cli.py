@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
 from .config import ConfigError, load_config
-from .render import ROOT, render, write_manifest
+from .render import ROOT, ManifestError, load_manifest, render, write_manifest
 from .variant import Variant
 
 
@@ -70,7 +70,11 @@ def cmd_list(args) -> int:
         print(f"no manifest in {args.generated_dir}: run `mla-variants build --generated-dir {args.generated_dir}` "
               f"first (`generate` writes none)", file=sys.stderr)
         return 1
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = load_manifest(path)
+    except ManifestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     # The registers come from the build that made the manifest's library (its folder), else --build-dir.
     library = (Path(args.generated_dir) / manifest["library"]).resolve()
     usage = {}
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                         ("list", "print the variants of the last build (its manifest)")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--config", default=str(ROOT / "variants.yaml"), help="variants file (default: %(default)s)")
-        p.add_argument("--generated-dir", default=str(ROOT / "generated"), help="rendered sources (default: %(default)s)")
+        p.add_argument("--generated-dir", default=os.path.expanduser(os.environ.get("MLA_VARIANTS_GENERATED", "")) or str(ROOT / "generated"),
+                       help="rendered sources and the manifest (default: $MLA_VARIANTS_GENERATED, else %(default)s)")
         p.add_argument("--build-dir", default=str(ROOT / "build"), help="CMake build tree (default: %(default)s)")
         if name != "list":
             p.add_argument("--preset", help=f"{name} only this preset's variants (a name under presets: in "

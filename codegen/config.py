@@ -156,7 +156,8 @@ class _Reader:
 
     def path_values(self, node: yaml.Node, what: str) -> tuple:
         if not isinstance(node, yaml.SequenceNode) or not node.value:
-            self.fail(node, f"{what}: expected a list such as [transposed]")
+            got = node.value if isinstance(node, yaml.ScalarNode) else "an empty list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+            self.fail(node, f"{what}: expected a list such as [transposed], got {got!r}")
         values = []
         for item in node.value:
             v = self.scalar(item, what, str)
@@ -256,6 +257,9 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                         r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
                                      f"(line {axis_lines[axis]}), so the rule can never apply; remove it here")
             exclude.append(ExcludeRule(vals, _line(rule)))
+            if not any(exclude[-1].drops(v) for v in _product(axes)):
+                r.fail(rule, f"exclude[{i}]: matches no variant of the axes (e.g. a path no head count in "
+                             f"axes.num_heads runs), so the rule can never apply; remove it")
         if not _product(axes, tuple(exclude)):
             r.fail(enode, "exclude: the rules drop every variant of the axes")
 

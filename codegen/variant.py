@@ -94,7 +94,8 @@ class PathFacts:
         kind = {None: "kNone", "short_split": "kShortSplit", "rows64": "kRows64"}[self.second_kernel]
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"mla::PathFacts<{self.rows_per_cta}, mla::SecondKernel::{kind}, {self.second_max_split_keys}, "
-                f"{b(self.tma)}, {b(self.second_tma)}, {b(self.balanced_schedule)}, {self.tile_keys}>")
+                f"{b(self.tma)}, {b(self.second_tma)}, {b(self.balanced_schedule)}, {self.tile_keys}, "
+                f"{self.second_rows_per_cta}>")
 
     def to_json(self) -> dict:
         return asdict(self)

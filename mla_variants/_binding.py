@@ -5,7 +5,6 @@ pointers, int64 strides and sizes, the CUDA stream)."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import struct
 import threading
@@ -57,9 +56,9 @@ class LibraryNotBuiltError(RuntimeError):
 
 
 def generated_dir() -> Path:
-    """Where the manifest lives: $MLA_VARIANTS_GENERATED, else <repository>/generated."""
+    """Where the manifest lives: $MLA_VARIANTS_GENERATED (~ expanded), else <repository>/generated."""
     env = os.environ.get("MLA_VARIANTS_GENERATED")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "generated"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "generated"
 
 
 def read_manifest(gen_dir: Path) -> dict:
@@ -75,10 +74,11 @@ def read_manifest(gen_dir: Path) -> dict:
         raise LibraryNotBuiltError(
             f"no manifest at {path}: build the kernels first with `mla-variants build` "
             f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
+    from codegen.render import ManifestError, load_manifest
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise LibraryNotBuiltError(f"{path} is not a manifest ({e}): run `mla-variants build`") from None
+        return load_manifest(path)
+    except ManifestError as e:
+        raise LibraryNotBuiltError(str(e)) from None
 
 
 def table_of(manifest: dict) -> dict[tuple[int, int, str, bool], str]:
@@ -99,8 +99,12 @@ class Library:
             for e in manifest["variants"]}
         self.path = (gen_dir / manifest["library"]).resolve()
         if not self.path.is_file():
-            raise LibraryNotBuiltError(f"the manifest names {self.path}, which does not exist: run `mla-variants build`")
-        self.cdll = ctypes.CDLL(str(self.path))
+            raise LibraryNotBuiltError(f"the manifest names {self.path}, which is not a file: run `mla-variants build`")
+        try:
+            self.cdll = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise LibraryNotBuiltError(f"{self.path} (named by the manifest) does not load ({e}): run "
+                                       f"`mla-variants build`") from None
         self.cdll.mla_variants_abi_version.restype = ctypes.c_int
         self.cdll.mla_variants_error_string.restype = ctypes.c_char_p
         self.cdll.mla_variants_error_string.argtypes = [ctypes.c_int]

@@ -80,8 +80,10 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
       tma: how kernels that load whole 64-token pages by TMA (the 64-row kernels at page sizes that are
         multiples of 64) load them: "auto" (default) by TMA where the cache's tensor map can be encoded,
         else by cp.async; "off" always by cp.async; "require" fails (RuntimeError, CUDA error 801,
-        cudaErrorNotSupported) where the map cannot be encoded. The results are the same bits either
-        way; "off" and "require" are for tests and measurements that must know which path ran.
+        cudaErrorNotSupported) where such a kernel cannot encode the map. Launches whose kernel has no
+        TMA path (the transposed path, other page sizes, the fp8 short-split kernel) ignore it; the
+        variant's path facts (mla_variants._binding.library().facts) say which kernels have one. The
+        results are the same bits either way; "off" and "require" are for tests and measurements.
     Returns:
       (out [batch, q_len, num_heads, 512] in q's dtype, lse [batch, num_heads, q_len] fp32, natural log).
 

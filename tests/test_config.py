@@ -65,6 +65,10 @@ def test_an_exclude_rule_can_name_the_kernel_path():
     assert all(v.num_heads > 32 or v.split for v in cfg.variants())
     with pytest.raises(ConfigError, match="unknown path 'seesaw'"):
         parse_config(GOOD + "exclude:\n  - {path: [seesaw]}\n")
+    with pytest.raises(ConfigError, match="matches no variant of the axes"):  # 16 heads run the transposed path
+        parse_config(GOOD + "exclude:\n  - {path: [rows64], num_heads: [16]}\n")
+    with pytest.raises(ConfigError, match="expected a list such as \\[transposed\\], got 'transposed'"):
+        parse_config(GOOD + "exclude:\n  - {path: transposed}\n")
 
 
 def test_exclude_rules_drop_what_matches_every_named_axis():

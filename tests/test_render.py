@@ -164,3 +164,42 @@ def test_filters():
     assert {v.name for v in select(vs, ["h8_", "h128_"])} == {v.name for v in vs if v.num_heads in (8, 128)}
     assert select(vs, ["nothing"]) == []
     assert select(vs, None) == vs
+
+
+def test_a_damaged_or_older_manifest_is_refused_with_the_fix(tmp_path):
+    """The runtime and `mla-variants list` read the manifest through one check: an older version's
+    manifest (no path facts), a damaged one, or one whose facts are not this version's gives an error
+    naming the file and `mla-variants build`, never a raw KeyError or TypeError."""
+    from codegen.render import ManifestError, load_manifest
+    from mla_variants import _binding
+    cfg = _cfg()
+    g = tmp_path / "generated"
+    res = render(cfg, [Variant(16, 64, "bf16", True)], g, tmp_path / "lib.so")
+    write_manifest(res)
+    good = json.loads((g / "manifest.json").read_text())
+    assert load_manifest(g / "manifest.json") == good
+    older = json.loads(json.dumps(good))
+    del older["variants"][0]["facts"]
+    wrong_facts = json.loads(json.dumps(good))
+    wrong_facts["variants"][0]["facts"]["rows_per_cta"] = 64
+    renamed = json.loads(json.dumps(good))
+    renamed["variants"][0]["name"] = "mla_variants_schedule"
+    twice = json.loads(json.dumps(good))
+    twice["variants"] *= 2
+    for content in (older, wrong_facts, renamed, twice, [1], {}, {"library": None, "variants": []},
+                    {"library": "x.so", "variants": {}}, "not json", b"\xff\xfe"):
+        (g / "manifest.json").write_bytes(content if isinstance(content, bytes) else
+                                          (content if isinstance(content, str) else json.dumps(content)).encode())
+        with pytest.raises(ManifestError, match="run `mla-variants build`"):
+            load_manifest(g / "manifest.json")
+        with pytest.raises(_binding.LibraryNotBuiltError, match="mla-variants build"):
+            _binding.read_manifest(g)
+
+
+def test_cudaflags_spacing_changes_no_hash(tmp_path, monkeypatch):
+    cfg = _cfg()
+    g = tmp_path / "generated"
+    monkeypatch.setenv("CUDAFLAGS", "-DMLA_TRACE=1 -lineinfo")
+    render(cfg, [Variant(16, 64, "bf16", True)], g, tmp_path / "lib.so")
+    monkeypatch.setenv("CUDAFLAGS", "  -DMLA_TRACE=1   -lineinfo ")
+    assert render(cfg, [Variant(16, 64, "bf16", True)], g, tmp_path / "lib.so").written == []

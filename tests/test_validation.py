@@ -380,7 +380,8 @@ def test_max_seq_len_is_checked_first(value):
 @pytest.mark.parametrize("name,value", [("batch", -1), ("batch", 1.5), ("num_heads", 0), ("num_heads", float("nan")),
                                         ("q_len", True), ("max_seq_len", float("inf")), ("max_seq_len", -5),
                                         ("max_seq_len", None), ("num_sms", "132"), ("page_size", 0),
-                                        ("page_size", None), ("kv_dtype", "int8"), ("kv_dtype", torch.float32)])
+                                        ("page_size", None), ("page_size", 2**40), ("num_heads", 10**9),
+                                        ("q_len", 9), ("kv_dtype", "int8"), ("kv_dtype", torch.float32)])
 def test_default_num_kv_splits_names_a_bad_argument(name, value):
     """Checked before the build is looked at, so a CPU machine without one sees it too."""
     from mla_variants import default_num_kv_splits

@@ -153,7 +153,7 @@ struct VariantTraits {
 
 // The facts codegen renders for one variant (codegen/variant.py PathFacts, in this order).
 template <int ROWS, SecondKernel SECOND, int SECOND_MAX_SPLIT_KEYS, bool TMA, bool SECOND_TMA, bool BALANCED,
-          int TILE_KEYS>
+          int TILE_KEYS, int SECOND_ROWS>
 struct PathFacts {
   static constexpr int kRows = ROWS;
   static constexpr SecondKernel kSecond = SECOND;
@@ -162,10 +162,25 @@ struct PathFacts {
   static constexpr bool kSecondTma = SECOND_TMA;
   static constexpr bool kBalanced = BALANCED;
   static constexpr int kTileKeys = TILE_KEYS;
+  static constexpr int kSecondRows = SECOND_ROWS;
 };
-template <class Traits>
-using TraitFacts = PathFacts<Traits::kRows, Traits::kSecond, Traits::kSecondMaxSplitKeys, Traits::kTma,
-                             Traits::kSecondTma, Traits::kBalanced, kBlockN>;
+
+// Fails the build, naming the field, where codegen's facts (Facts) and these traits disagree: a rule
+// changed on one side only. Both second kernels have kBlockM rows per CTA.
+template <class Facts, class Traits>
+constexpr bool facts_match() {
+  static_assert(Facts::kRows == Traits::kRows, "path facts: rows_per_cta differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kSecond == Traits::kSecond, "path facts: second_kernel differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kSecondMaxSplitKeys == Traits::kSecondMaxSplitKeys,
+                "path facts: second_max_split_keys differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kTma == Traits::kTma, "path facts: tma differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kSecondTma == Traits::kSecondTma, "path facts: second_tma differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kBalanced == Traits::kBalanced,
+                "path facts: balanced_schedule differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kTileKeys == kBlockN, "path facts: tile_keys differs from config.cuh kBlockN");
+  static_assert(Facts::kSecondRows == kBlockM, "path facts: second_rows_per_cta differs from config.cuh kBlockM");
+  return true;
+}
 
 static_assert(kHeadDimK % 64 == 0, "576 must tile into 64-column swizzle atoms");
 static_assert(kSubTiles * kSubTileCols == kHeadDimK && kKvLoraRank == 4 * kNumWarpgroups * kSubTileCols,

@@ -52,8 +52,7 @@ template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, class Facts>
 int launch(const MlaDecodeArgs* args) {
   static_assert(NUM_HEADS >= 1 && PAGE_SIZE >= 1, "variant fields must be positive");
   using Traits = VariantTraits<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  static_assert(std::is_same_v<Facts, TraitFacts<Traits>>,
-                "codegen's path facts (codegen/variant.py) disagree with config.cuh's VariantTraits: change both");
+  static_assert(facts_match<Facts, Traits>(), "codegen's path facts and config.cuh's VariantTraits agree");
   if (args == nullptr || args->abi_version != MLA_ABI_VERSION) return int(cudaErrorInvalidValue);
   const MlaDecodeArgs& a = *args;
   if (a.batch < 0 || a.q_len < 1 || a.num_heads < 1 || a.num_heads > NUM_HEADS || a.num_kv_splits < 1 ||
@@ -89,7 +88,7 @@ int launch(const MlaDecodeArgs* args) {
   if constexpr (Facts::kSecond != SecondKernel::kNone) {
     second = max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
   }
-  const int rows = second ? kBlockM : Facts::kRows;  // both second kernels have 64 rows per CTA
+  const int rows = second ? Facts::kSecondRows : Facts::kRows;
   p.num_m_blocks = (NUM_HEADS * a.q_len + rows - 1) / rows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TRACE
