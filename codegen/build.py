@@ -148,12 +148,17 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
                             env={**os.environ, "NINJA_STATUS": "[%f/%t] "})
     log_lines, compiled = [], 0
     assert proc.stdout is not None
-    for line in proc.stdout:
-        log_lines.append(line)
-        m = _OBJ_RE.search(line)
-        if m:
-            compiled += 1
-            echo(f"  [{m.group(1)}/{m.group(2)}] compiling {m.group(3)}")
+    try:
+        for line in proc.stdout:
+            log_lines.append(line)
+            m = _OBJ_RE.search(line)
+            if m:
+                compiled += 1
+                echo(f"  [{m.group(1)}/{m.group(2)}] compiling {m.group(3)}")
+    except BaseException:  # the caller stops (Ctrl-C, a closed output pipe): stop the compilers too
+        proc.kill()
+        proc.wait()
+        raise
     rc = proc.wait()
     log = "".join(log_lines)
     (build_dir / "last_build.log").write_text(log)

@@ -137,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # e.g. `mla-variants list | head`: the reader left, nothing is wrong
+    except BrokenPipeError:  # e.g. `mla-variants list | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 0
+        # a listing that was cut is fine; a build whose output reader left was stopped (build() ends its
+        # compilers), which is not a success
+        return 0 if args.cmd == "list" else 1
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}", file=sys.stderr)
         return 2
