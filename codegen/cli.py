@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
 from .config import ConfigError, load_config
-from .render import ROOT, ManifestError, load_manifest, render, write_manifest
+from .manifest import ManifestError, load_manifest
+from .render import ROOT, render, write_manifest
 from .variant import Variant
 
 

@@ -74,7 +74,7 @@ def read_manifest(gen_dir: Path) -> dict:
         raise LibraryNotBuiltError(
             f"no manifest at {path}: build the kernels first with `mla-variants build` "
             f"(or point MLA_VARIANTS_GENERATED at a generated/ folder)")
-    from codegen.render import ManifestError, load_manifest
+    from codegen.manifest import ManifestError, load_manifest
     try:
         return load_manifest(path)
     except ManifestError as e:

@@ -168,7 +168,7 @@ def test_a_damaged_or_older_manifest_is_refused_with_the_fix(tmp_path):
     """The runtime and `mla-variants list` read the manifest through one check: an older version's
     manifest (no path facts), a damaged one, or one whose facts are not this version's gives an error
     naming the file and `mla-variants build`, never a raw KeyError or TypeError."""
-    from codegen.render import ManifestError, load_manifest
+    from codegen.manifest import ManifestError, load_manifest
     from mla_variants import _binding
     cfg = _cfg()
     g = tmp_path / "generated"
