@@ -36,7 +36,6 @@ constexpr int kSubTiles = kHeadDimK / kSubTileCols;  // 9: 8 of the latent part 
 constexpr int kNumWarpgroups = 2;      // math warpgroups of the 64-row and 16-bit transposed paths
 constexpr int kStMathWgsFp8 = 3;       // math warpgroups of the transposed fp8 path at 8 or 16 rows
 constexpr int kProducerThreads = 128;  // the producer warpgroup
-constexpr int kNumThreads = kProducerThreads + 128 * kNumWarpgroups;
 
 constexpr int kChunkElems = 8;                          // 16-byte copy chunk, in 16-bit elements
 constexpr int kChunksPerRow = kHeadDimK / kChunkElems;  // 72
@@ -58,7 +57,6 @@ constexpr int kMathRegsSt32Fp8 = 232;
 constexpr int kProducerRegsSt3 = 56;  // transposed fp8 path with three math warpgroups (512 threads)
 constexpr int kMathRegsSt3 = (65536 - kProducerRegsSt3 * kProducerThreads) / (3 * 128) / 8 * 8;  // 152
 
-constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
 constexpr bool regs_fit(int producer_regs, int math_regs, int math_wgs) {
   return producer_regs * kProducerThreads + math_regs * 128 * math_wgs <=
          65536 / (kProducerThreads + 128 * math_wgs) / 8 * 8 * (kProducerThreads + 128 * math_wgs);
