@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from . import _binding, launching
-from .dispatch import VariantNotCompiledError
 from .dispatch import is_supported as table_supports
 from .launching import sm_count
-from .splits import num_kv_splits_for
+from .splits import choose
 from .validation import (DTYPE_TOKEN, KV_LORA_RANK, Call, check_disjoint, check_workspace, check_workspace_tensor,
                          debug_check, fail, shown, validate)
 
@@ -125,22 +124,13 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
 
 
 def choose_launches(lib, c: Call, num_kv_splits: int | None, max_seq_len: int | None):
-    """(launches, num_kv_splits) for a validated call: a forced split count must be served as asked; the
-    heuristic's (splits.num_kv_splits_for, on the split variant's path facts) falls back to one split
-    when the build has no split variant for this (page_size, dtype)."""
-    dtype = c.key_dtype
+    """(launches, num_kv_splits) for a validated call: a forced split count must be served as asked, else
+    splits.choose (the heuristic on the split variant's path facts)."""
     if num_kv_splits is not None:
-        return lib.plan(c.num_heads, c.page_size, dtype, num_kv_splits > 1), num_kv_splits
-    try:
-        split_launches = lib.plan(c.num_heads, c.page_size, dtype, True)
-    except VariantNotCompiledError:
-        return lib.plan(c.num_heads, c.page_size, dtype, False), 1
+        return lib.plan(c.num_heads, c.page_size, c.key_dtype, num_kv_splits > 1), num_kv_splits
     capacity = c.max_pages * c.page_size  # the launcher bounds max_seq_len by it too
     bound = capacity if max_seq_len is None else min(max_seq_len, capacity)
-    n = num_kv_splits_for(split_launches[0].facts, c.batch, c.num_heads, c.q_len, bound, sm_count(c.device_index))
-    if n > 1:
-        return split_launches, n
-    return lib.plan(c.num_heads, c.page_size, dtype, False), 1
+    return choose(lib, c.num_heads, c.page_size, c.key_dtype, c.batch, c.q_len, bound, sm_count(c.device_index))
 
 
 def list_variants() -> list[tuple[int, int, str, bool]]:

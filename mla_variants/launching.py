@@ -10,8 +10,6 @@ import torch
 from . import _binding
 from .validation import Call, fail, shown
 
-TMA_MODES = _binding.TMA_MODES  # "auto" | "off" | "require" -> MlaDecodeArgs.tma_mode
-
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
@@ -30,7 +28,7 @@ def sm_count(device_index: int) -> int:
 
 def tma_mode(tma) -> int:
     """MlaDecodeArgs.tma_mode of a `tma` argument ("auto", "off" or "require"); MLAInputError otherwise."""
-    code = TMA_MODES.get(tma) if isinstance(tma, str) else None
+    code = _binding.TMA_MODES.get(tma) if isinstance(tma, str) else None
     if code is None:
         fail("tma", '"auto", "off" or "require"', shown(tma))
     return code

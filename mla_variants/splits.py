@@ -42,14 +42,19 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     return n
 
 
-def facts_for(num_heads: int, page_size: int, dtype_token: str) -> PathFacts | None:
-    """The facts of the variant a split call (else an unsplit one) of this shape runs in the loaded
-    build; None when no split variant serves it (such calls run one split)."""
-    lib = _binding.library()
+def choose(lib, num_heads: int, page_size: int, dtype_token: str, batch: int, q_len: int, max_seq_len: int,
+           num_sms: int):
+    """(launches, num_kv_splits) of an unforced call: the heuristic on the split variant's path facts; one
+    split on the unsplit variants when it gives 1 or the build has no split variant (VariantNotCompiledError
+    when nothing serves the call). Used by mla_decode, MLADecodePlan and default_num_kv_splits alike."""
     try:
-        return lib.plan(num_heads, page_size, dtype_token, True)[0].facts
+        split_launches = lib.plan(num_heads, page_size, dtype_token, True)
     except VariantNotCompiledError:
-        return None
+        return lib.plan(num_heads, page_size, dtype_token, False), 1
+    n = num_kv_splits_for(split_launches[0].facts, batch, num_heads, q_len, max_seq_len, num_sms)
+    if n > 1:
+        return split_launches, n
+    return lib.plan(num_heads, page_size, dtype_token, False), 1
 
 
 def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, *,
@@ -75,8 +80,4 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     token = DTYPE_TOKEN.get(kv_dtype, kv_dtype) if isinstance(kv_dtype, (torch.dtype, str)) else None
     if token not in DTYPE_TOKEN.values():
         fail("kv_dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", shown(kv_dtype))
-    facts = facts_for(num_heads, page_size, token)
-    if facts is None:
-        _binding.library().plan(num_heads, page_size, token, False)  # raises when nothing serves the call
-        return 1
-    return num_kv_splits_for(facts, batch, num_heads, q_len, max_seq_len, num_sms)
+    return choose(_binding.library(), num_heads, page_size, token, batch, q_len, max_seq_len, num_sms)[1]
