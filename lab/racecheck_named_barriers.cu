@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in 0 1 2 3 4 5; do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -17,16 +17,54 @@
 //        4 as 0, but first warpgroup 0 alone meets twice at its own warpgroup barrier (bar.sync id, 128)
 //          whose id is in a register, as consume_st's and the seesaw's per-warpgroup barriers are
 //          (kBarStWg + wg, kBarOwnP + wg): a CTA with one tile runs them in warpgroup 0 only;
-//        5 as 4 with the id an immediate.
+//        5 as 4 with the id an immediate;
+//        6 as 0, but the producer warpgroup is still running (it sleeps, then exits) while the math
+//          threads meet at bar.sync 1, 256, as the decode kernel's producer is while it loads tiles;
+//        7 as 6, and the producer warpgroup also meets at its own barrier (bar.sync 3, 128);
+//        8 as 0, with the kernel's register hand-over: the producer warpgroup gives registers back
+//          (setmaxnreg.dec 40) before it exits, the math warpgroups take them (setmaxnreg.inc 232);
+//        9 as 8, and the math threads first wait on an mbarrier that the producer arrives on;
+//       10 as 0 in 1024 CTAs, one per SM at a time (each asks for 200 KB of shared memory), so later
+//          CTAs reuse the shared memory of earlier ones, as a decode grid larger than the SM count does;
+//       11 as 10, and CTA b first meets b % 3 extra times at bar.sync 1, 256 (CTAs of one grid cross
+//          their barriers a different number of times, as decode CTAs with 0, 1 or 2 tiles do).
 #include <cstdio>
 #include <cstdlib>
 
 __global__ void __launch_bounds__(384, 1) hand_over(int* out, int mode, int wg_bar) {
   __shared__ int buf[128];
+  __shared__ unsigned long long full;
   const int t = threadIdx.x;
+  if (mode >= 8) {
+    if (t == 0) asm volatile("mbarrier.init.shared.b64 [%0], 128;\n" ::"r"((unsigned)__cvta_generic_to_shared(&full)));
+    __syncthreads();
+    if (t < 128) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (mode == 9) {
+        unsigned long long state;
+        asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"((unsigned)__cvta_generic_to_shared(&full)) : "memory");
+      }
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    if (mode == 9) {
+      asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W;\n}\n"
+                   ::"r"((unsigned)__cvta_generic_to_shared(&full)) : "memory");
+    }
+  }
+  if (t < 128 && (mode == 6 || mode == 7)) {       // a producer warpgroup still at work
+    for (int i = 0; i < 200; ++i) {
+      __nanosleep(1000);
+      if (mode == 7) asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    }
+    return;
+  }
   if (t < 128 && mode != 2 && mode != 3) return;  // a producer warpgroup that is done
   const int m = t - 128;                            // math thread (negative: the staying producer)
-  if (m >= 0 && m < 128) buf[m] = 3 * m + 1;        // math warpgroup 0 writes
+  if (mode == 11 && m >= 0) {
+    for (int i = 0; i < int(blockIdx.x % 3); ++i) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  }
+  if (m >= 0 && m < 128) buf[m] = 3 * m + 1 + int(blockIdx.x);  // math warpgroup 0 writes
   if ((mode == 4 || mode == 5) && m >= 0 && m < 128) {
     for (int i = 0; i < 2; ++i) {
       if (mode == 4) {
@@ -36,7 +74,7 @@ __global__ void __launch_bounds__(384, 1) hand_over(int* out, int mode, int wg_b
       }
     }
   }
-  if (mode == 0 || mode == 4 || mode == 5) {
+  if (mode == 0 || mode >= 4) {  // 4-11
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
   } else if (mode == 1) {
     if (m < 128) {
@@ -49,19 +87,21 @@ __global__ void __launch_bounds__(384, 1) hand_over(int* out, int mode, int wg_b
   } else {
     asm volatile("bar.sync 1, 384;\n" ::: "memory");
   }
-  if (m >= 128) out[m - 128] = buf[m - 128];  // math warpgroup 1 reads what warpgroup 0 wrote
+  if (m >= 128) out[blockIdx.x * 128 + m - 128] = buf[m - 128] - int(blockIdx.x);  // warpgroup 1 reads
 }
 
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
+  const int ctas = mode >= 10 ? 1024 : 1, smem = mode >= 10 ? 200 * 1024 : 0;
   int* out = nullptr;
-  cudaMalloc(&out, 128 * sizeof(int));
-  hand_over<<<1, 384>>>(out, mode, 9);
-  int host[128];
-  cudaMemcpy(host, out, sizeof(host), cudaMemcpyDeviceToHost);
+  cudaMalloc(&out, ctas * 128 * sizeof(int));
+  cudaFuncSetAttribute(hand_over, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  hand_over<<<ctas, 384, smem>>>(out, mode, 9);
+  static int host[1024 * 128];
+  cudaMemcpy(host, out, ctas * 128 * sizeof(int), cudaMemcpyDeviceToHost);
   const cudaError_t err = cudaDeviceSynchronize();
   int bad = err != cudaSuccess;
-  for (int i = 0; i < 128; ++i) bad += host[i] != 3 * i + 1;
+  for (int i = 0; i < ctas * 128; ++i) bad += host[i] != 3 * (i % 128) + 1;
   std::printf("mode %d: %s\n", mode, bad ? "WRONG" : "ordered");
   cudaFree(out);
   return bad ? 1 : 0;

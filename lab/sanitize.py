@@ -116,13 +116,13 @@ def sanitize(tools: list[str], only: int | None, jobs: int) -> int:
     worst = 0
     for tool in tools:
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            results = list(pool.map(lambda i: _one(tool, i, env), calls))
-        for i, (summary, clean, text) in zip(calls, results):
-            worst = max(worst, int(not clean))
-            print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
-            if not clean:
-                sites = _sites(text)
-                print("\n".join(f"    {line}" for line in sites[:8]) if sites else text[-3000:], flush=True)
+            results = pool.map(lambda i: _one(tool, i, env), calls)  # printed as they come, in order
+            for i, (summary, clean, text) in zip(calls, results):
+                worst = max(worst, int(not clean))
+                print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
+                if not clean:
+                    sites = _sites(text)
+                    print("\n".join(f"    {line}" for line in sites[:8]) if sites else text[-3000:], flush=True)
     return worst
 
 
