@@ -6,6 +6,8 @@ Usage (from the repository root, on an sm_90a GPU, after ``mla-variants build``)
     python benchmarks/bench.py --quick --limit 8    # smoke test
     python benchmarks/bench.py --heads 128 --page 64 --batch 1,8 --check
     python benchmarks/bench.py --anchors PATH --json out.json --num-kv-splits 4
+    python benchmarks/bench.py --plot roofline.png   # also draw the run on the H200 roofline
+    python benchmarks/bench.py --from-json docs/bench/consolidation-after.json --plot roofline.png  # no GPU
 
 Cases come from ``<repo>/../shared/anchors-h200.json`` (or ``<repo>/shared/``, or ``--anchors PATH``): each holds num_heads,
 batch, page_size, the exact seq_lens and the best peer's cold and CUDA-graph times. Without that file
@@ -33,6 +35,12 @@ the ceilings measured with the anchors (HBM read 4.463 TB/s, bf16 matmul 785.9 T
 
 Results (rows, summary and environment) are written to --json, by default
 ``<repo>/bench-results/bench-<timestamp>.json``.
+
+--plot OUT.png draws the cases on a roofline (matplotlib, the optional extra: pip install
+"mla-variants[plot]"): achieved TFLOP/s and HBM TB/s of ours and of the best peer's cold time against
+arithmetic intensity (the FLOPs and bytes above), under the run's ceilings and the H200 datasheet's
+(4.8 TB/s, 989 TFLOP/s dense bf16). With --from-json RESULTS.json it draws a recorded run instead of
+running one, on any machine.
 """
 from __future__ import annotations
 
@@ -444,11 +452,27 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     return row
 
 
-def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict, q_elem: int | None = None) -> None:
-    """elem: bytes per KV element (1 for fp8); q_elem: bytes per q / out element (default elem)."""
-    heads, batch, tokens = case["num_heads"], len(case["seq_lens"]), sum(case["seq_lens"])
-    nbytes = tokens * HEAD_DIM * elem + batch * q_len * heads * (HEAD_DIM + V_DIM) * (q_elem or elem)
-    flops = 2 * tokens * heads * q_len * (HEAD_DIM + V_DIM)
+def element_sizes(dtype: str) -> tuple[int, int]:
+    """(bytes per KV cache element, bytes per q / out element) of a --dtype: an fp8 cache has 1-byte
+    elements and bf16 q / out, the other dtypes one size for all three."""
+    elem = DTYPES[dtype].itemsize
+    return elem, (2 if dtype == "fp8_e4m3" else elem)
+
+
+def traffic(num_heads: int, batch: int, tokens: int, q_len: int, elem: int, q_elem: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of one call over `tokens` = sum(seq_lens) keys of `batch` requests. Bytes: the
+    cache rows read (tokens x 576 x elem) plus q read and out written (batch x q_len x heads x
+    (576 + 512) x q_elem). FLOPs: 2 x tokens x heads x q_len x (576 + 512), QK^T over 576 and PV over
+    512 values per key; the causal mask of q_len > 1 is not subtracted."""
+    nbytes = tokens * HEAD_DIM * elem + batch * q_len * num_heads * (HEAD_DIM + V_DIM) * q_elem
+    flops = 2 * tokens * num_heads * q_len * (HEAD_DIM + V_DIM)
+    return nbytes, flops
+
+
+def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict, q_elem: int) -> None:
+    """Adds to row the cold call's TB/s and TFLOP/s (traffic() over row["cold_us"]), their percentages
+    of the ceilings, and the peer / ours ratios. elem, q_elem: bytes per KV and q / out element."""
+    nbytes, flops = traffic(case["num_heads"], len(case["seq_lens"]), sum(case["seq_lens"]), q_len, elem, q_elem)
     t = row["cold_us"] * 1e-6
     row["tbps"] = nbytes / t / 1e12
     row["pct_read"] = 100 * row["tbps"] / ceilings["read_tbps"]
@@ -547,6 +571,126 @@ def environment() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# Roofline plot (--plot; matplotlib is the optional extra "plot")
+# ------------------------------------------------------------------------------------------------
+
+# The vendor's roof, drawn dotted beside the run's measured one: NVIDIA H200 SXM datasheet, 4.8 TB/s of
+# HBM3e and 989 TFLOP/s of dense bf16 tensor-core math (1979 with 2:4 sparsity).
+DATASHEET_CEILINGS = {"read_tbps": 4.8, "bf16_matmul_tflops": 989.0}
+PLOT_DPI = 110
+PLOT_INSTALL = 'pip install "mla-variants[plot]"'
+
+
+def matplotlib_figure():
+    """matplotlib's Figure class (used without pyplot: no GUI backend, no global state). Exits with the
+    install command when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        sys.exit(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL}")
+    return Figure
+
+
+def roofline_points(report: dict) -> list[dict]:
+    """One point per timed case of a bench.py report (a run's, or its --json file read back), with the
+    bytes and FLOPs of traffic(): num_heads, intensity (FLOP/byte), and ours_tbps, ours_tflops,
+    peer_tbps, peer_tflops (TB/s and TFLOP/s of our and the best peer's cold time; the peer's None when
+    the anchors have no time for the case). Skipped, failed and reference-check-failing cases are left
+    out."""
+    points = []
+    for r in report["cases"]:
+        if r.get("cold_us") is None or str(r.get("check", "pass")) != "pass":
+            continue
+        nbytes, flops = traffic(r["num_heads"], r["batch"], r["seq_total"], r["q_len"], *element_sizes(r["dtype"]))
+        point = {"num_heads": r["num_heads"], "intensity": flops / nbytes}
+        for who, us in (("ours", r["cold_us"]), ("peer", r.get("best_us"))):
+            point[f"{who}_tbps"] = nbytes / us * 1e-6 if us else None
+            point[f"{who}_tflops"] = flops / us * 1e-6 if us else None
+        points.append(point)
+    return points
+
+
+def plot_roofline(report: dict, path: str, source: str) -> int:
+    """Draw a bench.py report's cases on one H200's roofline into the PNG at path; returns the number
+    of cases drawn (exits when there is none). Two log-log panels against arithmetic intensity
+    (FLOP/byte): achieved TFLOP/s under min(read TB/s x intensity, matmul TFLOP/s), and achieved HBM
+    TB/s under min(read TB/s, matmul TFLOP/s / intensity). Ours are filled circles, the best peer's
+    crosses (the cold times the run compared against, from its anchors file), colored by head count.
+    Roofs: solid, the ceilings the run recorded (report["ceilings"]: the anchors file's, measured on an
+    H200 with the peers, else DEFAULT_CEILINGS); dotted, DATASHEET_CEILINGS. source names the run."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    points = roofline_points(report)
+    if not points:
+        sys.exit(f"--plot: {source} has no timed case to draw")
+    ceilings = {**DEFAULT_CEILINGS, **report.get("ceilings", {})}
+    anchors_meta = report.get("anchors_meta") or {}
+    measured = (f"measured with the anchors ({anchors_meta.get('date', 'undated')})" if "ceilings" in anchors_meta
+                else "bench.py's defaults (measured with earlier anchors)")
+    xs = [p["intensity"] for p in points]
+    roofs = [(ceilings, "-", f"{measured}: HBM read {ceilings['read_tbps']:g} TB/s, bf16 matmul "
+                             f"{ceilings['bf16_matmul_tflops']:g} TFLOP/s"),
+             (DATASHEET_CEILINGS, ":", f"NVIDIA H200 SXM datasheet: HBM3e {DATASHEET_CEILINGS['read_tbps']:g} TB/s, "
+                                       f"dense bf16 {DATASHEET_CEILINGS['bf16_matmul_tflops']:g} TFLOP/s")]
+    ridges = [c["bf16_matmul_tflops"] / c["read_tbps"] for c, _, _ in roofs]
+    x0, x1 = min(xs + ridges) / 1.6, max(xs + ridges) * 1.6
+
+    fig = matplotlib_figure()(figsize=(13, 6.2), layout="constrained")
+    ax_flops, ax_bw = fig.subplots(1, 2)
+    heads = sorted({p["num_heads"] for p in points})
+    colors = {h: f"C{i % 10}" for i, h in enumerate(heads)}
+    for ax, metric in ((ax_flops, "tflops"), (ax_bw, "tbps")):
+        for (c, style, _), ridge in zip(roofs, ridges):
+            bw, peak = c["read_tbps"], c["bf16_matmul_tflops"]
+            # Straight on log-log axes: the polyline through the ridge is the whole roof.
+            ys = [bw * x0, peak, peak] if metric == "tflops" else [bw, bw, peak / x1]
+            ax.plot([x0, ridge, x1], ys, style, color="0.25", linewidth=1.2, zorder=1)
+        for who, marker in (("peer", "x"), ("ours", "o")):
+            drawn = [p for p in points if p[f"{who}_{metric}"] is not None]
+            ax.scatter([p["intensity"] for p in drawn], [p[f"{who}_{metric}"] for p in drawn], s=24,
+                       marker=marker, c=[colors[p["num_heads"]] for p in drawn], alpha=0.7,
+                       linewidths=1.0 if marker == "x" else 0.3, edgecolors=None if marker == "x" else "black",
+                       zorder=2 if who == "peer" else 3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(x0, x1)
+        for axis in (ax.xaxis, ax.yaxis):  # ticks at 1, 2, 5 x 10^k, written plainly
+            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="major", color="0.85", linewidth=0.6)
+        ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax_flops.set_ylabel("achieved TFLOP/s (cold call)")
+    ax_flops.set_title("compute: TFLOP/s")
+    ax_bw.set_ylabel("achieved HBM bandwidth, TB/s (cold call)")
+    ax_bw.set_title("memory: TB/s of cache rows + q + out")
+
+    compared = [p for p in points if p["peer_tbps"] is not None]
+    markers = [Line2D([], [], linestyle="", marker="o", color="0.4", markeredgecolor="black",
+                      label="mla-variants (ours)")]
+    if compared:
+        markers.append(Line2D([], [], linestyle="", marker="x", color="0.4", label="best peer per case (anchors)"))
+    groups = (markers, [Line2D([], [], linestyle="", marker="s", color=colors[h], label=f"{h} heads") for h in heads],
+              [Line2D([], [], linestyle=style, color="0.25", label=label) for _, style, label in roofs])
+    # Two rows, filled column by column: each group padded to whole columns with a blank entry.
+    handles = [h for g in groups for h in g + [Line2D([], [], linestyle="", label=" ")] * (len(g) % 2)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles) // 2, fontsize=8.5, frameon=False)
+
+    env = report.get("environment") or {}
+    kinds = ", ".join(sorted({f"{r['dtype']} cache, q_len {r['q_len']}" for r in report["cases"]}))
+    run = f"{source}, {env.get('date', 'undated')[:10]}, commit {(env.get('git_commit') or 'unknown')[:8]}"
+    if compared:  # time ratio = TB/s ratio: the bytes are the same
+        run += (f"; geomean best peer / ours {geomean([p['ours_tbps'] / p['peer_tbps'] for p in compared]):.3f} "
+                f"over {len(compared)} cases")
+    fig.suptitle(f"MLA decode roofline, one {env.get('gpu', 'GPU')}: {kinds}, {len(points)} cases, "
+                 f"cold calls (L2 flushed)\n{run}", fontsize=11)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=PLOT_DPI)
+    return len(points)
+
+
+# ------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------
 
@@ -620,10 +764,34 @@ def tool_setup(argv, doc: str, tool: str, extra=None):
     return args, select_cases(cases, args), meta
 
 
+def plot_options(p: argparse.ArgumentParser) -> None:
+    """bench.py's own options beyond parse_args' shared ones: the roofline plot."""
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="also draw the run on the H200 roofline into this PNG (needs matplotlib: "
+                        f"{PLOT_INSTALL})")
+    p.add_argument("--from-json", metavar="RESULTS.json",
+                   help="with --plot: draw a recorded run (a --json file) instead of running; no GPU needed; "
+                        "--heads, --batch, --seq, --page, --ragged and --limit select its cases")
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, extra=plot_options)
     if args.tree_hash:
         print(tree_hash())
+        return 0
+    if args.plot:
+        matplotlib_figure()  # a missing matplotlib fails now, not after the run
+    if args.from_json:
+        if not args.plot:
+            print("--from-json needs --plot OUT.png (it only draws a recorded run)", file=sys.stderr)
+            return 2
+        path = Path(args.from_json)
+        if not path.is_file():
+            sys.exit(f"--from-json {path}: no such file")
+        report = json.loads(path.read_text())
+        report["cases"] = select_cases(report["cases"], args)
+        drawn = plot_roofline(report, args.plot, path.name)
+        print(f"roofline of {drawn} cases of {path} written to {args.plot}")
         return 0
     if not torch.cuda.is_available():
         print("no CUDA GPU available: the benchmark needs an sm_90a GPU (H100/H200)", file=sys.stderr)
@@ -642,6 +810,7 @@ def main(argv=None) -> int:
     ceilings = {**DEFAULT_CEILINGS, **meta.get("ceilings", {})}
     q_len = cases_q_len(cases, meta)
     dtype = DTYPES[args.dtype]
+    elem, q_elem = element_sizes(args.dtype)
     device = torch.device("cuda", torch.cuda.current_device())
     env = environment()
     sm_count = env["sm_count"]
@@ -706,7 +875,7 @@ def main(argv=None) -> int:
             continue
         row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
             not split and (heads, page, args.dtype, True) in compiled)
-        derived(case, row, dtype.itemsize, q_len, ceilings, q_elem=2 if args.dtype == "fp8_e4m3" else None)
+        derived(case, row, elem, q_len, ceilings, q_elem)
         rec.update(row)
         results.append(rec)
         print_row(case, row)
@@ -746,6 +915,8 @@ def main(argv=None) -> int:
     }
     out_path.write_text(json.dumps(report, indent=1))
     print(f"results written to {out_path}", flush=True)
+    if args.plot:
+        print(f"roofline of {plot_roofline(report, args.plot, out_path.name)} cases written to {args.plot}")
     return 1 if summary["cases_failed"] else 0
 
 

@@ -1,5 +1,8 @@
 """benchmarks/bench.py's command-line parts that need no GPU: which anchors file a run reads by
-default, and the source hash a run records."""
+default, the source hash a run records, and the roofline plot of a recorded run (--from-json --plot)."""
+import re
+import sys
+
 import pytest
 import torch
 
@@ -171,3 +174,73 @@ def test_balanced_call_makes_the_plan_and_schedule_of_the_case(bench, monkeypatc
     assert (schedule is not None) == served
     call()
     assert made["run"][1]["out"] is out and made["run"][1]["lse"] is lse
+
+
+def _recorded_run(bench) -> dict:
+    """A small result file as bench.py --json writes it (rows made by derived(), as a run makes them):
+    memory-bound 16-head and compute-bound 128-head cases, one without a peer time, one skipped and
+    one that failed the reference check."""
+    ceilings = {"read_tbps": 4.335, "bf16_matmul_tflops": 782.9}
+    cases = []
+    for i, (heads, lens, cold_us, peer_us) in enumerate([(16, [1024], 12.1, 19.4), (16, [16384] * 128, 562.4, 623.6),
+                                                         (128, [16384] * 128, 990.4, 1006.3), (64, [4096] * 8, 30.0, None),
+                                                         (32, [4096] * 8, 20.0, 25.0)]):
+        case = dict(num_heads=heads, batch=len(lens), seq_mean=lens[0], page_size=64, ragged=False, seq_lens=lens,
+                    best_us=peer_us, best_peer=peer_us and "fi072_fa3")
+        row = {"num_kv_splits": 1, "cold_us": cold_us, "graph_us": cold_us, "check": "pass" if i < 4 else "FAIL: out"}
+        bench.derived(case, row, 2, 1, ceilings, 2)
+        rec = {k: case[k] for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us", "best_peer")}
+        cases.append(dict(rec, index=i, dtype="bf16", q_len=1, seq_total=sum(lens), **row))
+    cases.append(dict(num_heads=8, batch=1, seq_mean=1024, page_size=16, ragged=False, index=5, dtype="bf16",
+                      q_len=1, seq_total=1024, skipped="not in this build"))
+    return {"environment": {"gpu": "NVIDIA H200", "date": "2026-12-04T12:00:00+00:00", "git_commit": "0" * 40},
+            "anchors_meta": {"date": "2026-12-04", "ceilings": ceilings}, "ceilings": ceilings, "cases": cases}
+
+
+def test_roofline_points_use_the_runs_byte_and_flop_accounting(bench):
+    report = _recorded_run(bench)
+    points = bench.roofline_points(report)
+    assert [p["num_heads"] for p in points] == [16, 16, 128, 64]  # no skipped or check-failing case
+    first = points[0]  # 16 heads, one request of 1024 keys, bf16: cache rows + q + out
+    nbytes, flops = 1024 * 576 * 2 + 16 * (576 + 512) * 2, 2 * 1024 * 16 * (576 + 512)
+    assert first["intensity"] == pytest.approx(flops / nbytes)
+    assert first["ours_tbps"] == pytest.approx(nbytes / 12.1e-6 / 1e12)
+    assert first["peer_tflops"] == pytest.approx(flops / 19.4e-6 / 1e12)
+    for p, row in zip(points, report["cases"]):  # the same numbers as the run's own columns
+        assert p["ours_tbps"] == pytest.approx(row["tbps"]) and p["ours_tflops"] == pytest.approx(row["tflops"])
+    assert points[3]["peer_tbps"] is None and points[3]["peer_tflops"] is None
+    assert points[2]["intensity"] > 782.9 / 4.335 > points[1]["intensity"]  # either side of the ridge
+
+
+def test_from_json_plot_draws_a_recorded_run_without_a_gpu(bench, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (pip install \"mla-variants[plot]\")")
+    import json
+    from matplotlib.image import imread
+    results = tmp_path / "run.json"
+    results.write_text(json.dumps(_recorded_run(bench)))
+    out = tmp_path / "plots" / "roofline.png"
+    assert bench.main(["--from-json", str(results), "--plot", str(out)]) == 0
+    assert "roofline of 4 cases" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    pixels = imread(str(out))
+    assert pixels.shape[0] > 400 and pixels.shape[1] > 1000 and pixels.std() > 0.05  # drawn, not blank
+    assert bench.main(["--from-json", str(results), "--plot", str(out), "--heads", "128"]) == 0
+    assert "roofline of 1 cases" in capsys.readouterr().out
+
+
+def test_plot_options_fail_clearly(bench, tmp_path, monkeypatch, capsys):
+    """--from-json without --plot, a missing file, a file with no timed case, and a missing matplotlib
+    (which must name the extra that installs it) each stop with a message, before any GPU check."""
+    results, png = tmp_path / "run.json", str(tmp_path / "r.png")
+    assert bench.main(["--from-json", str(results)]) == 2
+    assert "--from-json needs --plot" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    with pytest.raises(SystemExit, match=re.escape('pip install "mla-variants[plot]"')):
+        bench.main(["--from-json", str(results), "--plot", png])
+    monkeypatch.undo()
+    pytest.importorskip("matplotlib", reason="the remaining checks run after --plot's matplotlib import")
+    with pytest.raises(SystemExit, match="no such file"):
+        bench.main(["--from-json", str(results), "--plot", png])
+    results.write_text('{"cases": [{"num_heads": 16, "batch": 1, "seq_mean": 64, "page_size": 64, "ragged": false}]}')
+    with pytest.raises(SystemExit, match="no timed case"):  # e.g. an anchors file given by mistake
+        bench.main(["--from-json", str(results), "--plot", png])
