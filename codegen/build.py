@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .render import ROOT, cudaflags, write_if_changed
+from .paths import project_dir, templates_dir
+from .render import cudaflags, write_if_changed
 from .variant import Variant
 
 LIBRARY_NAME = "libmla_variants.so"
@@ -118,9 +119,10 @@ def configure_args(generated_dir: Path, build_dir: Path) -> list[str]:
     so a changed value would be ignored; here it changes the stamp, which reconfigures, and ninja then
     recompiles every object whose command line changed."""
     return [
-        _tool("cmake", "cmake"), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+        _tool("cmake", "cmake"), "-S", str(project_dir()), "-B", str(build_dir), "-G", "Ninja",
         f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}", f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
-        f"-DMLA_GENERATED_DIR={generated_dir}", f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
+        f"-DMLA_GENERATED_DIR={generated_dir}", f"-DMLA_TEMPLATES_DIR={templates_dir()}",
+        f"-DCUTLASS_INCLUDE_DIR={cutlass_include_dir()}",
         "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
         f"-DCMAKE_CUDA_FLAGS={cudaflags()}",
     ]

@@ -16,7 +16,8 @@ from pathlib import Path
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
 from .config import ConfigError, load_config
 from .manifest import ManifestError, load_manifest
-from .render import ROOT, render, write_manifest
+from .paths import default_build_dir, default_config, default_generated_dir
+from .render import render, write_manifest
 from .variant import Variant
 
 
@@ -104,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                                      "loads, is written by build once the library links)"),
                         ("list", "print the variants of the last build (its manifest)")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", default=str(ROOT / "variants.yaml"), help="variants file (default: %(default)s)")
-        p.add_argument("--generated-dir", default=os.path.expanduser(os.environ.get("MLA_VARIANTS_GENERATED", "")) or str(ROOT / "generated"),
-                       help="rendered sources and the manifest (default: $MLA_VARIANTS_GENERATED, else %(default)s)")
-        p.add_argument("--build-dir", default=str(ROOT / "build"), help="CMake build tree (default: %(default)s)")
+        p.add_argument("--config", default=str(default_config()), help="variants file (default: %(default)s)")
+        p.add_argument("--generated-dir", default=str(default_generated_dir()),
+                       help="rendered sources and the manifest, which the runtime loads (default: "
+                            "$MLA_VARIANTS_GENERATED, else %(default)s)")
+        p.add_argument("--build-dir", default=str(default_build_dir()), help="CMake build tree (default: %(default)s)")
         if name != "list":
             p.add_argument("--preset", help=f"{name} only this preset's variants (a name under presets: in "
                                             "variants.yaml; an unknown name lists them)")

@@ -20,14 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
-
 from .config import Config
+from .paths import PACKAGE as CODEGEN, templates_dir
 from .variant import Variant
-
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "templates"
-CODEGEN = Path(__file__).resolve().parent
 
 
 def _sha256(*parts: bytes | str) -> str:
@@ -47,7 +42,7 @@ def generator_digest() -> str:
 
 def kernel_digest() -> str:
     """Hash of the kernel sources every unit compiles (templates/mla, by name and content)."""
-    files = sorted((TEMPLATES / "mla").iterdir())
+    files = sorted((templates_dir() / "mla").iterdir())
     return _sha256(*(p.name + "\0" + p.read_text() for p in files if p.is_file()))
 
 
@@ -98,9 +93,11 @@ class RenderResult:
     manifest_path: Path
 
 
-def _env() -> jinja2.Environment:
+def _env():
+    import jinja2  # here, not at the top: the runtime imports this module for its digests alone
+
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -126,7 +123,7 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
     sources = []
     for v in variants:
         for file, template in v.units:
-            src = (TEMPLATES / template).read_text()
+            src = (templates_dir() / template).read_text()
             h = _sha256(gen, src, dims_key, file, flags, compiler)
             path = generated_dir / "variants" / file
             emit(path, env.get_template(template).render(v=v, facts_cpp=v.facts.cpp(), inputs_hash=h))
@@ -150,7 +147,7 @@ def render(config: Config, variants: list[Variant], generated_dir: Path, library
     lib_rel = os.path.relpath(Path(library_path).resolve(), generated_dir.resolve())
     names = "\n".join(v.name for v in variants)
     whole = _sha256(gen, config.text, names, lib_rel, flags, compiler, kernel_digest(),
-                    *(p.read_text() for p in sorted(TEMPLATES.glob("*.j2"))))
+                    *(p.read_text() for p in sorted(templates_dir().glob("*.j2"))))
 
     emit(generated_dir / "sources.cmake",
          env.get_template("sources.cmake.j2").render(inputs_hash=whole, variants=variants))

@@ -3,10 +3,11 @@
     from mla_variants import mla_decode
     out, lse = mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale)
 
-The kernels come from ``mla-variants build`` (variants.yaml -> generated/ -> build/libmla_variants.so).
+The kernels come from ``mla-variants build`` (variants.yaml -> generated/ -> build/libmla_variants.so);
+a variant the build lacks is compiled on first use into a per-user cache (jit; ensure_variant ahead of time).
 Modules: api (mla_decode), plan (MLADecodePlan), validation (argument checks), dispatch (variant choice),
 splits (the split heuristic), launching (argument packing), _binding (the library and its manifest),
-ops (torch.library ops), fp8 (fp8 cache helpers), reference (the fp32 reference), testing (test cases).
+ops (torch.library ops), jit (variants compiled on first use), fp8 (fp8 cache helpers), reference (the fp32 reference), testing (test cases).
 """
 from ._binding import LibraryNotBuiltError
 from .api import is_supported, list_variants, mla_decode, workspace_size
@@ -15,9 +16,10 @@ from .splits import default_num_kv_splits
 from .validation import MLAInputError
 from .plan import MLADecodePlan
 from .reference import mla_decode_reference
+from .jit import ensure_variant
 from . import ops  # registers torch.ops.mla_variants.mla_decode / mla_decode_out
 
 __all__ = [
     "mla_decode", "MLADecodePlan", "mla_decode_reference", "workspace_size", "default_num_kv_splits", "list_variants",
-    "is_supported", "MLAInputError", "VariantNotCompiledError", "LibraryNotBuiltError",
+    "is_supported", "ensure_variant", "MLAInputError", "VariantNotCompiledError", "LibraryNotBuiltError",
 ]

@@ -8,6 +8,7 @@ import ctypes
 import os
 import struct
 import threading
+import warnings
 from pathlib import Path
 
 ABI_VERSION = 5  # must equal MLA_ABI_VERSION in templates/mla/abi.h
@@ -56,9 +57,10 @@ class LibraryNotBuiltError(RuntimeError):
 
 
 def generated_dir() -> Path:
-    """Where the manifest lives: $MLA_VARIANTS_GENERATED (~ expanded), else <repository>/generated."""
-    env = os.environ.get("MLA_VARIANTS_GENERATED")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "generated"
+    """Where the manifest of `mla-variants build` lives (codegen.paths.default_generated_dir):
+    $MLA_VARIANTS_GENERATED (~ expanded), else <checkout>/generated, else <cache>/aot/generated."""
+    from codegen.paths import default_generated_dir
+    return default_generated_dir()
 
 
 def read_manifest(gen_dir: Path) -> dict:
@@ -86,17 +88,16 @@ def table_of(manifest: dict) -> dict[tuple[int, int, str, bool], str]:
     return {(e["num_heads"], e["page_size"], e["dtype"], e["split"]): e["name"] for e in manifest["variants"]}
 
 
-class Library:
-    """A loaded build: the dispatch table (key -> symbol), each variant's path facts, and the ctypes
-    launchers."""
+class _Part:
+    """One loaded shared library: the AOT build's, or a variant's JIT build from the cache."""
 
     def __init__(self, gen_dir: Path):
         from .dispatch import PathFacts
+        self.manifest_path = gen_dir / "manifest.json"
         manifest = read_manifest(gen_dir)
-        self.table: dict[tuple[int, int, str, bool], str] = table_of(manifest)
-        self.facts: dict[tuple[int, int, str, bool], PathFacts] = {
-            (e["num_heads"], e["page_size"], e["dtype"], e["split"]): PathFacts.from_json(e["facts"])
-            for e in manifest["variants"]}
+        self.table = table_of(manifest)
+        self.facts = {(e["num_heads"], e["page_size"], e["dtype"], e["split"]): PathFacts.from_json(e["facts"])
+                      for e in manifest["variants"]}
         self.path = (gen_dir / manifest["library"]).resolve()
         if not self.path.is_file():
             raise LibraryNotBuiltError(f"the manifest names {self.path}, which is not a file: run `mla-variants build`")
@@ -111,18 +112,17 @@ class Library:
         got = self.cdll.mla_variants_abi_version()
         if got != ABI_VERSION:
             raise LibraryNotBuiltError(f"{self.path} has ABI version {got}, this package expects {ABI_VERSION}: rebuild")
-        self._plans: dict = {}  # memo of plan(); derived from table, so reset whenever table changes
-        self._launchers: dict[str, ctypes._CFuncPtr] = {}
+        self.launchers: dict[str, ctypes._CFuncPtr] = {}
         for name in self.table.values():
             try:
                 fn = getattr(self.cdll, name)
             except AttributeError:
                 raise LibraryNotBuiltError(
-                    f"{self.path} does not export {name}, which {gen_dir / 'manifest.json'} lists: the build is "
+                    f"{self.path} does not export {name}, which {self.manifest_path} lists: the build is "
                     f"stale, run `mla-variants build`") from None
             fn.argtypes = [ctypes.c_char_p]  # a pack_args() buffer (or bytes(MlaDecodeArgs(...)))
             fn.restype = ctypes.c_int
-            self._launchers[name] = fn
+            self.launchers[name] = fn
         # The balanced schedule's kernel (templates/mla/schedule.cu), one per library.
         self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _i32, _vp, _vp]
         self.cdll.mla_variants_schedule.restype = ctypes.c_int
@@ -131,6 +131,50 @@ class Library:
             getattr(self.cdll, name).restype = _i64
         self.cdll.mla_variants_schedule_model.argtypes = [ctypes.POINTER(_f32), ctypes.POINTER(_f32)]
         self.cdll.mla_variants_schedule_model.restype = None
+
+
+class Library:
+    """The loaded builds: the AOT library of `mla-variants build` (if any) and the variants compiled on
+    first use (mla_variants/jit.py), merged into one dispatch table (key -> symbol), each variant's path
+    facts, and the ctypes launchers."""
+
+    def __init__(self, gen_dir: Path):
+        from . import jit
+        self.table: dict[tuple[int, int, str, bool], str] = {}
+        self.facts: dict = {}
+        self._parts: list[_Part] = []
+        self._launchers: dict[str, ctypes._CFuncPtr] = {}
+        self._plans: dict = {}  # memo of plan(); derived from table, so reset whenever table changes
+        self._jit_lock = threading.Lock()
+        self._jit_failed: dict[tuple[int, int, str], str] = {}  # (num_heads, page_size, dtype) -> why
+        try:
+            self.add(gen_dir)
+        except LibraryNotBuiltError:
+            # With JIT, a machine without an AOT build compiles each variant on first use; a library
+            # that exists but does not load is an error either way.
+            if not jit.enabled() or (gen_dir / "manifest.json").is_file():
+                raise
+
+    def add(self, gen_dir: Path) -> None:
+        """Load the build whose manifest is in `gen_dir` beside those already loaded."""
+        part = _Part(gen_dir)
+        self._parts.append(part)
+        self._launchers.update(part.launchers)
+        self.facts.update(part.facts)
+        self.table.update(part.table)
+        self._plans.clear()
+
+    @property
+    def cdll(self) -> ctypes.CDLL:
+        """The first loaded library (its exports: error strings, the balanced schedule)."""
+        if not self._parts:
+            raise LibraryNotBuiltError("no variant is built yet: call a kernel (JIT builds it) or run `mla-variants build`")
+        return self._parts[0].cdll
+
+    @property
+    def path(self) -> Path:
+        """The first loaded library's file."""
+        return self._parts[0].path if self._parts else Path()
 
     def schedule_model(self) -> tuple[float, float]:
         """The balanced schedule's cost model as compiled (templates/mla/config.cuh): (piece cost in
@@ -146,10 +190,44 @@ class Library:
         got = self._plans.get(key)
         if got is None:
             import dataclasses
-            from .dispatch import plan_launches
-            got = self._plans[key] = [dataclasses.replace(l, facts=self.facts.get(l.key))
-                                      for l in plan_launches(self.table, *key)]
+            from .dispatch import VariantNotCompiledError, plan_launches
+            self._jit_if_missing(*key)
+            try:
+                launches = plan_launches(self.table, *key)
+            except VariantNotCompiledError as e:
+                failed = self._jit_failed.get((key[0], key[1], key[2]))
+                if failed is None:
+                    raise
+                raise VariantNotCompiledError(f"{e} The JIT build of the variant failed: {failed}", e.request) from None
+            got = self._plans[key] = [dataclasses.replace(l, facts=self.facts.get(l.key)) for l in launches]
         return got
+
+    def _jit_if_missing(self, num_heads: int, page_size: int, dtype: str, split: bool) -> None:
+        """Compile (or load from the cache) the split variant of exactly `num_heads` heads when no
+        loaded variant of that head count serves the call and JIT is on (mla_variants/jit.py)."""
+        from . import jit
+        if not jit.enabled() or not isinstance(num_heads, int) or not 1 <= num_heads <= jit.MAX_JIT_HEADS:
+            return
+        kinds = (True,) if split else (False, True)
+        if any((num_heads, page_size, dtype, s) in self.table for s in kinds):
+            return
+        from codegen.variant import DTYPES
+        from codegen.config import MAX_PAGE_SIZE
+        if dtype not in DTYPES or isinstance(page_size, bool) or not 1 <= page_size <= MAX_PAGE_SIZE:
+            return  # plan_launches says what is wrong
+        from codegen.build import BuildError
+        with self._jit_lock:
+            if (num_heads, page_size, dtype, True) in self.table or (num_heads, page_size, dtype) in self._jit_failed:
+                return
+            try:
+                self.add(jit.cached_build(num_heads, page_size, dtype, True))
+            except BuildError as e:
+                # Tried once per process: the call runs on what is loaded (a larger head count, masked)
+                # if anything serves it, and says why otherwise.
+                self._jit_failed[(num_heads, page_size, dtype)] = str(e).splitlines()[0]
+                warnings.warn(f"mla_variants: the JIT build of the {num_heads}-head variant (page_size {page_size}, "
+                              f"{dtype}) failed, so calls use the loaded variants only: {self._jit_failed[(num_heads, page_size, dtype)]}",
+                              RuntimeWarning, stacklevel=4)
 
     def launch(self, symbol: str, args: bytes) -> None:
         """Call a launcher with a packed MlaDecodeArgs; raises RuntimeError with the CUDA error string."""

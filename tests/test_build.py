@@ -10,7 +10,7 @@ import time
 import pytest
 
 from codegen.build import BuildError, configure_args, find_nvcc, parse_resource_usage
-from codegen.render import ROOT
+from codegen.paths import CHECKOUT as ROOT
 from mla_variants import _binding
 
 

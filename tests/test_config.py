@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from codegen.config import ConfigError, load_config, parse_config
-from codegen.render import ROOT
+from codegen.paths import CHECKOUT as ROOT
 
 GOOD = """\
 dims:

@@ -7,7 +7,8 @@ import pytest
 
 from codegen.cli import select
 from codegen.config import load_config
-from codegen.render import ROOT, render, write_manifest
+from codegen.paths import CHECKOUT as ROOT
+from codegen.render import render, write_manifest
 from codegen.variant import PathFacts, Variant
 
 

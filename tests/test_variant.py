@@ -2,7 +2,7 @@
 import pytest
 
 from codegen.config import load_config
-from codegen.render import ROOT
+from codegen.paths import CHECKOUT as ROOT
 from codegen.variant import Variant
 
 

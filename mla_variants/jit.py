@@ -1,0 +1,75 @@
+"""JIT on first use: a call whose head count the loaded build lacks gets that variant compiled alone into
+the per-user cache (codegen/cache.py: keyed by a hash of the sources, generator, flags, compiler and
+arch; a file lock so that concurrent processes build it once), loaded beside the AOT library. Later
+calls, and later processes, load the cached build in milliseconds.
+
+When it runs: at num_heads <= 128 (the largest compiled count; more heads are cut into head groups),
+when the loaded build has no variant of exactly that head count at the call's page_size and dtype that
+can serve the call. The JIT build is the split variant (it also serves unsplit calls, with one split).
+Without JIT such a call runs on the next larger compiled head count with the extra rows masked, or
+raises VariantNotCompiledError.
+
+Opt out with MLA_VARIANTS_JIT=0 (deployments that must load only what `mla-variants build` made);
+:func:`ensure_variant` builds ahead of time either way.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+MAX_JIT_HEADS = 128  # codegen.config.MAX_NUM_HEADS: above it, calls are cut into head groups
+
+
+def enabled() -> bool:
+    """Whether calls may compile a missing variant (MLA_VARIANTS_JIT unset, or anything but 0 / false / no / off)."""
+    return os.environ.get("MLA_VARIANTS_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _echo(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cached_build(num_heads: int, page_size: int, dtype: str, split: bool) -> Path:
+    """The generated/ folder (with manifest.json) of the variant's cached build, compiling it first if
+    needed (one line on stderr when it does). Raises codegen.build.BuildError when it cannot build."""
+    from codegen.cache import build_variant
+    from codegen.variant import Variant
+    return build_variant(Variant(num_heads, page_size, dtype, split), echo=_echo)
+
+
+def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: bool = True) -> Path:
+    """Make sure the (num_heads, page_size, dtype, split) variant exists and return the path of a shared
+    library that holds it: the AOT library of `mla-variants build` when its manifest lists the variant,
+    else the variant's build in the per-user cache (compiled now if it is not there: about 20 s to a
+    minute, one line of progress on stderr; later calls and processes return at once).
+
+    num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16' or 'fp8_e4m3' (the
+    kv_cache dtype token of variants.yaml); split: whether the variant splits keys over CTAs (a split
+    variant also serves unsplit calls). Needs nvcc (CUDA 12.8+) and the nvidia-cutlass headers, not a
+    GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
+    ~/.cache/mla-variants. Works whatever MLA_VARIANTS_JIT says.
+
+    Raises ValueError for a variant outside those bounds and codegen.build.BuildError when it cannot be
+    built (no nvcc, a compile error).
+    """
+    from codegen.config import MAX_NUM_HEADS, MAX_PAGE_SIZE
+    from codegen.variant import DTYPES
+    for name, v, hi in (("num_heads", num_heads, MAX_NUM_HEADS), ("page_size", page_size, MAX_PAGE_SIZE)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise ValueError(f"{name}: expected an int from 1 to {hi}, got {v!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(sorted(DTYPES))}, got {dtype!r}")
+    if not isinstance(split, bool):
+        raise ValueError(f"split: expected a bool, got {split!r}")
+    from . import _binding
+    key = (num_heads, page_size, dtype, split)
+    aot = _binding.generated_dir()
+    try:
+        manifest = _binding.read_manifest(aot)
+        if key in _binding.table_of(manifest):
+            return (aot / manifest["library"]).resolve()
+    except _binding.LibraryNotBuiltError:
+        pass
+    gen = cached_build(*key)
+    return (gen / _binding.read_manifest(gen)["library"]).resolve()

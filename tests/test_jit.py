@@ -1,0 +1,142 @@
+"""JIT on first use (mla_variants/jit.py, codegen/cache.py) and the installed-package layout
+(codegen/paths.py). The builds need nvcc and the CUTLASS headers, not a GPU; they skip with a reason
+where nvcc is missing. The GPU half (a JIT-built variant against the reference) is in test_gpu_jit.py."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from codegen import paths
+from codegen.build import BuildError, find_nvcc
+from codegen.cache import variant_dir, variant_key
+from codegen.variant import Variant
+from mla_variants import _binding, ensure_variant, jit
+from mla_variants.dispatch import VariantNotCompiledError
+
+
+def _nvcc_reason():
+    try:
+        find_nvcc()
+        return None
+    except BuildError as e:
+        return str(e)
+
+
+needs_nvcc = pytest.mark.skipif(_nvcc_reason() is not None, reason=f"no CUDA compiler: {_nvcc_reason()}")
+V24 = (24, 16, "bf16", True)  # a head count the default build does not have
+
+
+def test_cache_key_is_a_function_of_the_variant_and_the_flags(monkeypatch):
+    a, b = Variant(*V24), Variant(48, 16, "bf16", True)
+    monkeypatch.delenv("CUDAFLAGS", raising=False)
+    key = variant_key(a)
+    assert key == variant_key(Variant(*V24)) and key != variant_key(b)
+    monkeypatch.setenv("CUDAFLAGS", "-DMLA_TRACE=1")
+    assert variant_key(a) != key
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", "/some/where")
+    assert variant_dir(a).parent == paths.Path("/some/where/variants")
+    assert variant_dir(a).name == f"{a.name}-{variant_key(a)}"
+
+
+def test_installed_layout_reads_package_data_and_builds_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(paths, "in_checkout", lambda: False)
+    monkeypatch.delenv("MLA_VARIANTS_GENERATED", raising=False)
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", str(tmp_path))
+    assert paths.templates_dir() == paths.PACKAGE / "kernel_sources"
+    assert paths.default_config() == paths.PACKAGE / "project_files" / "variants.yaml"
+    assert paths.default_generated_dir() == tmp_path / "aot" / "generated"
+    assert paths.default_build_dir() == tmp_path / "aot" / "build"
+    monkeypatch.setattr(paths, "in_checkout", lambda: True)
+    assert paths.templates_dir() == paths.CHECKOUT / "templates" and (paths.templates_dir() / "mla" / "kernel.cuh").is_file()
+
+
+def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLA_VARIANTS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert paths.cache_dir() == tmp_path / "mla-variants"
+
+
+@pytest.mark.parametrize("args, arg", [((0, 16), "num_heads"), ((129, 16), "num_heads"), ((16, 0), "page_size"),
+                                       ((16, 16, "int4"), "dtype"), ((16, 16, "bf16", 1), "split"),
+                                       ((True, 16), "num_heads")])
+def test_ensure_variant_names_a_bad_argument(args, arg):
+    with pytest.raises(ValueError, match=f"^{arg}: expected"):
+        ensure_variant(*args)
+
+
+def test_jit_off_keeps_a_missing_build_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "0")
+    with pytest.raises(_binding.LibraryNotBuiltError, match="no manifest"):
+        _binding.Library(tmp_path)
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "1")
+    assert _binding.Library(tmp_path).table == {}  # with JIT, variants come on first use
+
+
+@pytest.fixture(scope="module")
+def jit_cache(tmp_path_factory):
+    """A per-test-module cache holding the 24-head variant, built once by ensure_variant (about a minute
+    on two cores)."""
+    if _nvcc_reason() is not None:
+        pytest.skip(f"no CUDA compiler: {_nvcc_reason()}")
+    cache = tmp_path_factory.mktemp("jit_cache")
+    old = os.environ.get("MLA_VARIANTS_CACHE")
+    os.environ["MLA_VARIANTS_CACHE"] = str(cache)
+    print(f"\nbuilding {Variant(*V24).name} into {cache} (about a minute on two cores)", file=sys.__stderr__, flush=True)
+    try:
+        path = ensure_variant(*V24)
+        yield cache, path
+    finally:
+        if old is None:
+            os.environ.pop("MLA_VARIANTS_CACHE", None)
+        else:
+            os.environ["MLA_VARIANTS_CACHE"] = old
+
+
+@needs_nvcc
+def test_ensure_variant_builds_once_and_returns_at_once_later(jit_cache, capfd):
+    cache, path = jit_cache
+    assert path.is_file() and path.is_relative_to(cache) and path.name == "libmla_variants.so"
+    manifest = _binding.read_manifest(path.parent.parent / "generated")
+    assert _binding.table_of(manifest) == {V24: Variant(*V24).name}
+    stamp = path.stat().st_mtime_ns
+    capfd.readouterr()
+    assert ensure_variant(*V24) == path  # this process
+    assert "compiling" not in capfd.readouterr().err
+    proc = subprocess.run([sys.executable, "-c", "import mla_variants; print(mla_variants.ensure_variant(24, 16, 'bf16', True))"],
+                          capture_output=True, text=True, env={**os.environ, "MLA_VARIANTS_CACHE": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(path) and "compiling" not in proc.stderr  # another process
+    assert path.stat().st_mtime_ns == stamp
+
+
+@needs_nvcc
+def test_a_call_without_its_head_count_loads_the_cached_variant(jit_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "1")
+    lib = _binding.Library(tmp_path)  # no AOT build at all
+    launches = lib.plan(24, 16, "bf16", False)
+    assert [l.symbol for l in launches] == [Variant(*V24).name] and launches[0].facts.rows_per_cta == 32
+    assert lib.cdll.mla_variants_abi_version() == _binding.ABI_VERSION
+
+    # A JIT build that fails (here: made to) is tried once; the call runs on what is loaded (24 heads
+    # serve 20, masked) with a warning, or says why nothing serves it.
+    def broken(*key):
+        raise BuildError("nvcc not found: install the CUDA toolkit")
+    monkeypatch.setattr(jit, "cached_build", broken)
+    with pytest.warns(RuntimeWarning, match="JIT build of the 20-head variant .* failed"):
+        assert [l.symbol for l in lib.plan(20, 16, "bf16", True)] == [Variant(*V24).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lib.plan(20, 16, "bf16", False)  # not tried again
+    with pytest.warns(RuntimeWarning), pytest.raises(VariantNotCompiledError, match="JIT build of the variant failed: nvcc not found"):
+        lib.plan(16, 1, "bf16", True)
+
+
+@needs_nvcc
+def test_jit_off_runs_on_a_larger_head_count(jit_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "1")
+    lib = _binding.Library(tmp_path)
+    lib.plan(24, 16, "bf16", True)
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "0")
+    assert [(l.symbol, l.num_heads) for l in lib.plan(20, 16, "bf16", True)] == [(Variant(*V24).name, 20)]
