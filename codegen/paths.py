@@ -37,14 +37,22 @@ def default_config() -> Path:
     return project_dir() / "variants.yaml"
 
 
+def _expanded(value: str) -> Path:
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~user that does not exist: the path as written
+        return Path(value)
+
+
 def cache_dir() -> Path:
-    """The per-user cache: $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
-    ~/.cache/mla-variants (~ expanded). JIT-built variants live under its variants/ folder."""
-    env = os.environ.get("MLA_VARIANTS_CACHE")
+    """The per-user cache: $MLA_VARIANTS_CACHE (~ expanded, made absolute), else
+    $XDG_CACHE_HOME/mla-variants when that is an absolute path (the XDG spec ignores relative ones),
+    else ~/.cache/mla-variants. JIT-built variants live under its variants/ folder."""
+    env = os.environ.get("MLA_VARIANTS_CACHE", "").strip()
     if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mla-variants"
+        return _expanded(env).absolute()
+    xdg = _expanded(os.environ.get("XDG_CACHE_HOME", "").strip())
+    return (xdg if xdg.is_absolute() else Path.home() / ".cache") / "mla-variants"
 
 
 def default_generated_dir() -> Path:

@@ -343,6 +343,16 @@ def main(argv=None) -> int:
     p.add_argument("--context-batch", type=int, default=2,
                    help="requests in the timed batch (transformers' eager prefill holds batch x heads x context^2 scores)")
     args = p.parse_args(argv)
+    for name, value, lo in (("--page-size", args.page_size, 1), ("--num-heads", args.num_heads, 1),
+                            ("--new-tokens", args.new_tokens, 1), ("--context", args.context, 0),
+                            ("--context-batch", args.context_batch, 1)):
+        if value < lo:
+            p.error(f"{name}: expected an int >= {lo}, got {value}")
+    if not 1 <= args.q_len <= args.new_tokens or (args.device == "cuda" and args.q_len > 8):
+        p.error(f"--q-len: expected 1..--new-tokens ({args.new_tokens}){' and at most 8 on CUDA' if args.device == 'cuda' else ''}, "
+                f"got {args.q_len}")
+    if HIDDEN % args.num_heads:  # transformers requires the hidden size to be a multiple of the head count
+        p.error(f"--num-heads: expected a divisor of the models' hidden size {HIDDEN}, got {args.num_heads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: torch sees no CUDA GPU", file=sys.stderr)
         return 1

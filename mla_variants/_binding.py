@@ -195,7 +195,8 @@ class Library:
             try:
                 launches = plan_launches(self.table, *key)
             except VariantNotCompiledError as e:
-                failed = self._jit_failed.get((key[0], key[1], key[2]))
+                from .jit import MAX_JIT_HEADS
+                failed = self._jit_failed.get((min(key[0], MAX_JIT_HEADS), key[1], key[2]))
                 if failed is None:
                     raise
                 raise VariantNotCompiledError(f"{e} The JIT build of the variant failed: {failed}", e.request) from None
@@ -204,30 +205,38 @@ class Library:
 
     def _jit_if_missing(self, num_heads: int, page_size: int, dtype: str, split: bool) -> None:
         """Compile (or load from the cache) the split variant of exactly `num_heads` heads when no
-        loaded variant of that head count serves the call and JIT is on (mla_variants/jit.py)."""
+        loaded variant of that head count serves the call and JIT is on (mla_variants/jit.py). Above
+        128 heads (head groups), the 128-head variant, when no loaded variant serves the call at all."""
         from . import jit
-        if not jit.enabled() or not isinstance(num_heads, int) or not 1 <= num_heads <= jit.MAX_JIT_HEADS:
+        if not jit.enabled() or isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
             return
         kinds = (True,) if split else (False, True)
+        if num_heads > jit.MAX_JIT_HEADS:
+            if any(k[1:3] == (page_size, dtype) and k[3] in kinds for k in self.table):
+                return  # head groups of the largest loaded head count serve it
+            num_heads = jit.MAX_JIT_HEADS
         if any((num_heads, page_size, dtype, s) in self.table for s in kinds):
             return
         from codegen.variant import DTYPES
         from codegen.config import MAX_PAGE_SIZE
         if dtype not in DTYPES or isinstance(page_size, bool) or not 1 <= page_size <= MAX_PAGE_SIZE:
             return  # plan_launches says what is wrong
-        from codegen.build import BuildError
         with self._jit_lock:
-            if (num_heads, page_size, dtype, True) in self.table or (num_heads, page_size, dtype) in self._jit_failed:
+            if any((num_heads, page_size, dtype, s) in self.table for s in kinds) or (num_heads, page_size, dtype) in self._jit_failed:
                 return
             try:
-                self.add(jit.cached_build(num_heads, page_size, dtype, True))
-            except BuildError as e:
+                # A cached entry of a kind that serves the call (ensure_variant may have built the nosplit
+                # one), else the split variant, compiled now.
+                gen = next((g for s in kinds if (g := jit.cached(num_heads, page_size, dtype, s)) is not None), None)
+                self.add(gen if gen is not None else jit.cached_build(num_heads, page_size, dtype, True))
+            except Exception as e:  # BuildError, an unwritable cache, a lock timeout, a library that does not load
                 # Tried once per process: the call runs on what is loaded (a larger head count, masked)
                 # if anything serves it, and says why otherwise.
-                self._jit_failed[(num_heads, page_size, dtype)] = str(e).splitlines()[0]
+                why = " ".join(str(e).split())
+                why = f"{type(e).__name__}: {why[:600]}{' ...' if len(why) > 600 else ''}"
+                self._jit_failed[(num_heads, page_size, dtype)] = why
                 warnings.warn(f"mla_variants: the JIT build of the {num_heads}-head variant (page_size {page_size}, "
-                              f"{dtype}) failed, so calls use the loaded variants only: {self._jit_failed[(num_heads, page_size, dtype)]}",
-                              RuntimeWarning, stacklevel=4)
+                              f"{dtype}) failed, so calls use the loaded variants only. {why}", RuntimeWarning, stacklevel=2)
 
     def launch(self, symbol: str, args: bytes) -> None:
         """Call a launcher with a packed MlaDecodeArgs; raises RuntimeError with the CUDA error string."""

@@ -58,7 +58,9 @@ def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
         f"no compiled MLA decode variant for num_heads={num_heads}, page_size={page_size}, dtype={dtype}, "
         f"split={str(split).lower()} (no {why} match). Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. "
         f"To add it: {axis_fix} in variants.yaml (if it is there already, the last build selected fewer "
-        f"variants with --preset/--filter, or a rule under exclude: leaves it out) and run `mla-variants build`.",
+        f"variants with --preset/--filter, or a rule under exclude: leaves it out) and run `mla-variants build`, "
+        f"or compile it into the per-user cache: mla_variants.ensure_variant({min(num_heads, 128)}, {page_size}, "
+        f"{dtype!r}, True) (JIT does that on a call's first use unless MLA_VARIANTS_JIT=0).",
         (num_heads, page_size, dtype, split))
 
 

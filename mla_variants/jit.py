@@ -16,18 +16,38 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 MAX_JIT_HEADS = 128  # codegen.config.MAX_NUM_HEADS: above it, calls are cut into head groups
 
 
+_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    """Whether calls may compile a missing variant (MLA_VARIANTS_JIT unset, or anything but 0 / false / no / off)."""
-    return os.environ.get("MLA_VARIANTS_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether calls may compile a missing variant: MLA_VARIANTS_JIT unset or 1 / true / yes / on (any
+    case). 0 / false / no / off turn it off, and so does any other value (with a warning): a deployment
+    that tried to turn JIT off stays strict even when the value is misspelt."""
+    value = os.environ.get("MLA_VARIANTS_JIT", "1").strip().lower()
+    if value in _ON:
+        return True
+    if value not in _OFF:
+        warnings.warn(f"MLA_VARIANTS_JIT={value!r} is none of 1/true/yes/on or 0/false/no/off: JIT stays off",
+                      RuntimeWarning, stacklevel=2)
+    return False
 
 
 def _echo(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def cached(num_heads: int, page_size: int, dtype: str, split: bool) -> Path | None:
+    """The generated/ folder of the variant's complete cache entry (built earlier by any process, e.g.
+    ensure_variant), or None; never builds."""
+    from codegen.cache import cached_generated_dir
+    from codegen.variant import Variant
+    return cached_generated_dir(Variant(num_heads, page_size, dtype, split))
 
 
 def cached_build(num_heads: int, page_size: int, dtype: str, split: bool) -> Path:
@@ -46,8 +66,8 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
 
     num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16' or 'fp8_e4m3' (the
     kv_cache dtype token of variants.yaml); split: whether the variant splits keys over CTAs (a split
-    variant also serves unsplit calls). Needs nvcc (CUDA 12.8+) and the nvidia-cutlass headers, not a
-    GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
+    variant also serves unsplit calls; a call loads a cached nosplit variant too). Needs nvcc (CUDA
+    12.8+) and the nvidia-cutlass headers, not a GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
     ~/.cache/mla-variants. Works whatever MLA_VARIANTS_JIT says.
 
     Raises ValueError for a variant outside those bounds and codegen.build.BuildError when it cannot be
@@ -58,8 +78,8 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     for name, v, hi in (("num_heads", num_heads, MAX_NUM_HEADS), ("page_size", page_size, MAX_PAGE_SIZE)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
             raise ValueError(f"{name}: expected an int from 1 to {hi}, got {v!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(sorted(DTYPES))}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(sorted(DTYPES))} (a variants.yaml dtype token), got {dtype!r}")
     if not isinstance(split, bool):
         raise ValueError(f"split: expected a bool, got {split!r}")
     from . import _binding
@@ -67,7 +87,7 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     aot = _binding.generated_dir()
     try:
         manifest = _binding.read_manifest(aot)
-        if key in _binding.table_of(manifest):
+        if key in _binding.table_of(manifest) and (aot / manifest["library"]).is_file():
             return (aot / manifest["library"]).resolve()
     except _binding.LibraryNotBuiltError:
         pass

@@ -209,6 +209,17 @@ def test_cache_holds_only_real_tokens_and_disable_restores():
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
 
 
+def test_a_failed_prefill_leaves_no_batch_to_decode():
+    model, _ = _model_and_baseline("v2")
+    ids, mask = hf.make_prompts()
+    with enable_mla_decode(model, max_batch=4, max_seq_len=64, page_size=4, kv_dtype="bf16") as handle:
+        handle.prefill(ids, mask)
+        with pytest.raises(IndexError):  # token ids past the vocabulary fail inside the model
+            handle.prefill(torch.full((3, 2), 10**6, dtype=torch.long))
+        with pytest.raises(RuntimeError, match="no batch started"):
+            handle.decode(torch.ones(3, 1, dtype=torch.long))
+
+
 def test_argument_errors():
     model, _ = _model_and_baseline("v2")
     with pytest.raises(MLAInputError, match="model: expected a model with DeepseekV2Attention"):

@@ -60,7 +60,7 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("args, arg", [((0, 16), "num_heads"), ((129, 16), "num_heads"), ((16, 0), "page_size"),
                                        ((16, 16, "int4"), "dtype"), ((16, 16, "bf16", 1), "split"),
-                                       ((True, 16), "num_heads")])
+                                       ((True, 16), "num_heads"), ((16, 16, ["bf16"]), "dtype")])
 def test_ensure_variant_names_a_bad_argument(args, arg):
     with pytest.raises(ValueError, match=f"^{arg}: expected"):
         ensure_variant(*args)
@@ -129,8 +129,59 @@ def test_a_call_without_its_head_count_loads_the_cached_variant(jit_cache, tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lib.plan(20, 16, "bf16", False)  # not tried again
-    with pytest.warns(RuntimeWarning), pytest.raises(VariantNotCompiledError, match="JIT build of the variant failed: nvcc not found"):
+    with pytest.warns(RuntimeWarning), pytest.raises(VariantNotCompiledError, match="JIT build of the variant failed: BuildError: nvcc not found"):
         lib.plan(16, 1, "bf16", True)
+
+
+@needs_nvcc
+def test_any_jit_failure_falls_back_once(jit_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "1")
+    lib = _binding.Library(tmp_path)
+    lib.plan(24, 16, "bf16", True)
+
+    def unwritable(*key):
+        raise PermissionError(13, "Permission denied", "/cache/variants")
+    monkeypatch.setattr(jit, "cached_build", unwritable)
+    with pytest.warns(RuntimeWarning, match="PermissionError: .*Permission denied"):
+        assert [l.symbol for l in lib.plan(20, 16, "bf16", False)] == [Variant(*V24).name]
+
+
+@needs_nvcc
+def test_a_damaged_cache_entry_is_not_loaded(jit_cache, tmp_path, monkeypatch):
+    """A library that lost bytes would crash the process that loads it: the entry's stamp (size and
+    SHA-256) no longer matches, so the entry counts as absent and is built again."""
+    import shutil
+    from codegen.cache import cached_generated_dir
+    cache, path = jit_cache
+    entry = path.parent.parent
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", str(tmp_path))
+    copy = tmp_path / "variants" / entry.name
+    shutil.copytree(entry, copy)
+    assert cached_generated_dir(Variant(*V24)) == copy / "generated"
+    lib = copy / "build" / "libmla_variants.so"
+    lib.write_bytes(lib.read_bytes()[:4096])
+    assert cached_generated_dir(Variant(*V24)) is None
+    (copy / "complete.json").unlink()
+    assert cached_generated_dir(Variant(*V24)) is None
+
+
+@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("ON", True), (" yes ", True), ("0", False),
+                                       ("False", False), ("off", False), ("nope", False), ("00", False)])
+def test_jit_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv("MLA_VARIANTS_JIT", value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert jit.enabled() is on
+    assert bool(caught) == (value in ("nope", "00"))  # an unknown value warns and keeps JIT off
+
+
+def test_cache_dir_is_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", "rel/cache")
+    assert paths.cache_dir() == tmp_path / "rel" / "cache"
+    monkeypatch.delenv("MLA_VARIANTS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # ignored, as the XDG spec says
+    assert paths.cache_dir() == paths.Path.home() / ".cache" / "mla-variants"
 
 
 @needs_nvcc

@@ -282,12 +282,16 @@ class MLADecodeHandle:
         if max(lens) > self.max_seq_len:
             fail("input_ids", f"at most max_seq_len={self.max_seq_len} real tokens per request", max(lens))
         self._reset(batch)
-        self._grow(lens)
-        positions = mask.cumsum(dim=1) - 1                               # real tokens: 0..len-1
-        slot_positions = torch.where(mask.bool(), positions, torch.full_like(positions, -1))
-        step = _Step("prefill", self._slots(slot_positions))
-        position_ids = positions.clamp_min(0).to(self.device)            # padding: position 0 (never cached)
-        out = self._run(step, ids.to(self.device), position_ids, attention_mask=mask.to(self.device))
+        try:
+            self._grow(lens)
+            positions = mask.cumsum(dim=1) - 1                               # real tokens: 0..len-1
+            slot_positions = torch.where(mask.bool(), positions, torch.full_like(positions, -1))
+            step = _Step("prefill", self._slots(slot_positions))
+            position_ids = positions.clamp_min(0).to(self.device)            # padding: position 0 (never cached)
+            out = self._run(step, ids.to(self.device), position_ids, attention_mask=mask.to(self.device))
+        except BaseException:
+            self._reset(0)  # no batch: decode refuses until a prefill succeeds (the cache is partly written)
+            raise
         self._set_lens(lens)
         return out
 
@@ -466,6 +470,9 @@ class MLADecodeHandle:
                 if real.numel() == 0:
                     return
                 amax = float(real.abs().max())
+                if not math.isfinite(amax):  # keep the scale unset, so a later prefill calibrates again
+                    raise MLAInputError(f"k_scale: calibration found a non-finite latent value ({amax}) in layer "
+                                        f"{layer.index}'s first prefill; the model's kv_a_proj_with_mqa output overflowed")
                 self.k_scales[layer.index] = max(amax, 1e-6) * K_SCALE_HEADROOM / FP8_MAX
             write_kv_cache(cache, slots, rows, self.k_scales[layer.index])
         elif self.kv_dtype == torch.float32:          # fp32 verification cache (reference backend only)
