@@ -28,6 +28,20 @@ def _gpu_reason() -> str | None:
 GPU_SKIP = _gpu_reason()
 
 
+def _nvcc_reason() -> str | None:
+    from codegen.build import BuildError, find_nvcc
+    try:
+        find_nvcc()
+        return None
+    except BuildError as e:
+        return str(e)
+
+
+NVCC_SKIP = _nvcc_reason()
+# Tests that compile (no GPU needed): skipped with the reason where nvcc is missing.
+needs_nvcc = pytest.mark.skipif(NVCC_SKIP is not None, reason=f"no CUDA compiler: {NVCC_SKIP}")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if GPU_SKIP is not None and "gpu" in item.keywords:

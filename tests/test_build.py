@@ -9,20 +9,13 @@ import time
 
 import pytest
 
-from codegen.build import BuildError, configure_args, find_nvcc, parse_resource_usage
+from codegen.build import configure_args, parse_resource_usage
 from codegen.paths import CHECKOUT as ROOT
 from mla_variants import _binding
 
-
-def _nvcc_reason():
-    try:
-        find_nvcc()
-        return None
-    except BuildError as e:
-        return str(e)
+from conftest import needs_nvcc
 
 
-needs_nvcc = pytest.mark.skipif(_nvcc_reason() is not None, reason=f"no CUDA compiler: {_nvcc_reason()}")
 
 
 def _cli(*args, cwd=ROOT):

@@ -9,22 +9,15 @@ import warnings
 import pytest
 
 from codegen import paths
-from codegen.build import BuildError, find_nvcc
+from codegen.build import BuildError
 from codegen.cache import variant_dir, variant_key
 from codegen.variant import Variant
 from mla_variants import _binding, ensure_variant, jit
 from mla_variants.dispatch import VariantNotCompiledError
 
-
-def _nvcc_reason():
-    try:
-        find_nvcc()
-        return None
-    except BuildError as e:
-        return str(e)
+from conftest import NVCC_SKIP, needs_nvcc
 
 
-needs_nvcc = pytest.mark.skipif(_nvcc_reason() is not None, reason=f"no CUDA compiler: {_nvcc_reason()}")
 V24 = (24, 16, "bf16", True)  # a head count the default build does not have
 
 
@@ -78,8 +71,8 @@ def test_jit_off_keeps_a_missing_build_an_error(monkeypatch, tmp_path):
 def jit_cache(tmp_path_factory):
     """A per-test-module cache holding the 24-head variant, built once by ensure_variant (about a minute
     on two cores)."""
-    if _nvcc_reason() is not None:
-        pytest.skip(f"no CUDA compiler: {_nvcc_reason()}")
+    if NVCC_SKIP is not None:
+        pytest.skip(f"no CUDA compiler: {NVCC_SKIP}")
     cache = tmp_path_factory.mktemp("jit_cache")
     old = os.environ.get("MLA_VARIANTS_CACHE")
     os.environ["MLA_VARIANTS_CACHE"] = str(cache)
