@@ -171,11 +171,6 @@ class Library:
             raise LibraryNotBuiltError("no variant is built yet: call a kernel (JIT builds it) or run `mla-variants build`")
         return self._parts[0].cdll
 
-    @property
-    def path(self) -> Path:
-        """The first loaded library's file."""
-        return self._parts[0].path if self._parts else Path()
-
     def schedule_model(self) -> tuple[float, float]:
         """The balanced schedule's cost model as compiled (templates/mla/config.cuh): (piece cost in
         tiles, balanced margin)."""
