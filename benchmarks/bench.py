@@ -36,10 +36,10 @@ the ceilings measured with the anchors (HBM read 4.463 TB/s, bf16 matmul 785.9 T
 Results (rows, summary and environment) are written to --json, by default
 ``<repo>/bench-results/bench-<timestamp>.json``.
 
---plot OUT.png draws the cases on a roofline (matplotlib, the optional extra: pip install
-"mla-variants[plot]"): achieved TFLOP/s and HBM TB/s of ours and of the best peer's cold time against
-arithmetic intensity (the FLOPs and bytes above), under the run's ceilings and the H200 datasheet's
-(4.8 TB/s, 989 TFLOP/s dense bf16). With --from-json RESULTS.json it draws a recorded run instead of
+--plot OUT.png draws the cases on a roofline (matplotlib, the optional extra: pip install -e ".[plot]"):
+achieved TFLOP/s and HBM TB/s of ours and of the best peer's cold time against arithmetic intensity
+(the FLOPs and bytes above), under the run's ceilings and the H200 datasheet's (4.8 TB/s, 989 TFLOP/s
+dense bf16). With --from-json RESULTS.json it draws a recorded run instead of
 running one, on any machine.
 """
 from __future__ import annotations
@@ -578,7 +578,7 @@ def environment() -> dict:
 # HBM3e and 989 TFLOP/s of dense bf16 tensor-core math (1979 with 2:4 sparsity).
 DATASHEET_CEILINGS = {"read_tbps": 4.8, "bf16_matmul_tflops": 989.0}
 PLOT_DPI = 110
-PLOT_INSTALL = 'pip install "mla-variants[plot]"'
+PLOT_INSTALL = 'pip install matplotlib (the [plot] extra: pip install -e ".[plot]" in a checkout)'
 
 
 def matplotlib_figure():

@@ -66,7 +66,8 @@ _MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t|12
 _DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16", "12float_e4m3_t": "fp8_e4m3"}
 _REGS_RE = re.compile(r"Used (\d+) registers")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/(mla_decode_[a-z0-9_]+)\.cu\.o")
+_OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/([A-Za-z0-9_]+)\.cu\.o")
+_LINK_RE = re.compile(r"\[(\d+)/(\d+)\] Linking CUDA shared library .*?([A-Za-z0-9_.]+)$")
 
 
 def _variant_of_mangled(symbol: str) -> Variant | None:
@@ -155,8 +156,10 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
             log_lines.append(line)
             m = _OBJ_RE.search(line)
             if m:
-                compiled += 1
+                compiled += m.group(3).startswith("mla_decode_")  # the variants' units (not exports / schedule)
                 echo(f"  [{m.group(1)}/{m.group(2)}] compiling {m.group(3)}")
+            elif (m := _LINK_RE.search(line.rstrip())):
+                echo(f"  [{m.group(1)}/{m.group(2)}] linking {m.group(3)}")
     except BaseException:  # the caller stops (Ctrl-C, a closed output pipe): stop the compilers too
         proc.kill()
         proc.wait()

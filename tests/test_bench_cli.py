@@ -213,7 +213,7 @@ def test_roofline_points_use_the_runs_byte_and_flop_accounting(bench):
 
 
 def test_from_json_plot_draws_a_recorded_run_without_a_gpu(bench, tmp_path, capsys):
-    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (pip install \"mla-variants[plot]\")")
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the [plot] extra)")
     import json
     from matplotlib.image import imread
     results = tmp_path / "run.json"
@@ -235,7 +235,7 @@ def test_plot_options_fail_clearly(bench, tmp_path, monkeypatch, capsys):
     assert bench.main(["--from-json", str(results)]) == 2
     assert "--from-json needs --plot" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
-    with pytest.raises(SystemExit, match=re.escape('pip install "mla-variants[plot]"')):
+    with pytest.raises(SystemExit, match=re.escape("pip install matplotlib")):
         bench.main(["--from-json", str(results), "--plot", png])
     monkeypatch.undo()
     pytest.importorskip("matplotlib", reason="the remaining checks run after --plot's matplotlib import")
