@@ -211,6 +211,8 @@ def main(argv=None) -> int:
             p.error(f"{name}: expected an int >= 1{' and <= 8' if name == '--q-len' else ''}, got {v}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if args.device == "cpu" and sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback, whatever the hostname resolves to
 
     # TP-1: the whole layer on one rank, in this process.
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
