@@ -754,14 +754,17 @@ def parse_args(argv=None, description: str | None = None, extra=None):
 def tool_setup(argv, doc: str, tool: str, extra=None):
     """The shared start of the benchmark's companion tools (timeline.py, trace.py): bench.py's options
     (plus the tool's own, added by extra(parser)) under the tool's description, the GPU check, and the
-    selected cases. Returns (args, cases, anchors meta), or None after saying on stderr that no GPU is
-    available."""
+    selected cases with what every tool derives from them. Returns (args, cases, q_len, dtype, sm_count):
+    the run's q_len (cases_q_len), the --dtype's torch dtype and the GPU's SM count; or None after
+    saying on stderr that no GPU is available."""
     args = parse_args(argv, description=doc.split("\n\n")[0], extra=extra)
     if not torch.cuda.is_available():
         print(f"no CUDA GPU available: the {tool} needs an sm_90a GPU (H100/H200)", file=sys.stderr)
         return None
     cases, meta, _ = load_cases(args)
-    return args, select_cases(cases, args), meta
+    cases = select_cases(cases, args)
+    sm_count = torch.cuda.get_device_properties(torch.device("cuda")).multi_processor_count
+    return args, cases, cases_q_len(cases, meta), DTYPES[args.dtype], sm_count
 
 
 def plot_options(p: argparse.ArgumentParser) -> None:

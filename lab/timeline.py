@@ -77,11 +77,8 @@ def main(argv=None) -> int:
     setup = bench.tool_setup(argv, __doc__, "timeline")
     if setup is None:
         return 1
-    args, cases, meta = setup
-    q_len = bench.cases_q_len(cases, meta)
+    args, cases, q_len, dtype, sm_count = setup
     device = torch.device("cuda")
-    dtype = bench.DTYPES[args.dtype]
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     pool, flush = bench.KVPool(device), bench.L2Flush(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)

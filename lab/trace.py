@@ -202,11 +202,8 @@ def main(argv=None) -> int:
     setup = bench.tool_setup(argv, __doc__, "trace", extra=extra)
     if setup is None:
         return 1
-    args, cases, meta = setup
-    q_len = bench.cases_q_len(cases, meta)
+    args, cases, q_len, dtype, sm_count = setup
     device = torch.device("cuda")
-    dtype = bench.DTYPES[args.dtype]
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     trace_buf = TraceBuffer()
     if trace_buf.capacity == 0:
         print("this library has no trace buffer: build it with CUDAFLAGS=-DMLA_TRACE=1 (and point "
