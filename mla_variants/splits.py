@@ -36,11 +36,13 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
     """
     q_rows = (variant_heads or num_heads) * q_len
+    # Rows per request: the launched variant's (masked heads included), or all head groups' together.
+    per_req = max(num_heads, variant_heads or 0) * q_len
     rows = facts.rows_for(q_rows)
-    n = _for_rows(batch, num_heads * q_len, rows, max_seq_len, num_sms, facts.tile_keys)
+    n = _for_rows(batch, per_req, rows, max_seq_len, num_sms, facts.tile_keys)
     launch_rows = facts.launch_rows(max_seq_len, n, q_rows)
     if launch_rows != rows:
-        n = _for_rows(batch, num_heads * q_len, launch_rows, max_seq_len, num_sms, facts.tile_keys)
+        n = _for_rows(batch, per_req, launch_rows, max_seq_len, num_sms, facts.tile_keys)
     return n
 
 

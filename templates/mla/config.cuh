@@ -115,7 +115,7 @@ template <int NUM_HEADS, bool kFp8>
 constexpr int kRowBlock = kUseSt<NUM_HEADS, kFp8> ? (NUM_HEADS <= 8 ? 8 : NUM_HEADS <= 16 ? 16 : 32) : kBlockM;
 // A request's q_len x NUM_HEADS rows share one read of its keys when one CTA holds them: a transposed
 // variant also has kernels of twice and four times its row block, up to kStMaxRows, and a launch takes
-// the smallest that holds q_len x NUM_HEADS rows (st_rows_for). The 64-row path has one row block.
+// the smallest that holds q_len x NUM_HEADS rows (rows_for). The 64-row path has one row block.
 constexpr int kStMaxRows = 32;
 template <int NUM_HEADS, bool kFp8>
 constexpr int kMaxRowBlock = kUseSt<NUM_HEADS, kFp8> ? kStMaxRows : kBlockM;
