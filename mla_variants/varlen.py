@@ -1,0 +1,179 @@
+"""Variable q_len per request (the engines' varlen layout: MTP and speculative steps whose draft lengths
+differ): q packed as [total_q_tokens, num_heads, 576] with query_start_loc [batch + 1].
+
+How it runs: the packed queries are scattered into a uniform [batch, max_q_len, num_heads, 576] batch,
+each request's q_len_b tokens at its last q_len_b positions (the first max_q_len - q_len_b are zero
+rows), the uniform kernel runs, and the real rows are gathered back. With the mask causal and
+bottom-right aligned, padded position max_q_len - q_len_b + j sees seq_len - (q_len_b - 1 - j) keys:
+exactly what query j of a request with q_len_b new tokens sees. Both index maps are computed on the
+device from query_start_loc (torch.searchsorted), so nothing is read back to the host and the call can
+be captured in a CUDA graph. The padding costs (max_q_len - q_len_b) x num_heads extra query rows per
+request, which share the request's one read of its keys.
+
+A request with q_len 0 (an empty slot of a padded batch) writes nothing. A request longer than max_q_len
+gets NaN out and lse, as a bad seq_len does, and every token does when query_start_loc is malformed (not
+starting at 0, decreasing, or not ending at total_q_tokens); debug=True checks query_start_loc on the
+host first and raises MLAInputError instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, check_tensor, fail, shown
+
+
+def _check(q, query_start_loc, max_q_len: int, out, lse):
+    """(total_q_tokens, num_heads, q's device, q's dtype) after checking the varlen arguments."""
+    if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
+        fail("max_q_len", f"an int from 1 to {MAX_Q_LEN} (the longest request's q_len this call allows)", shown(max_q_len))
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            fail("q", "a tensor or the pair (q_nope, q_pe)", f"a sequence of {len(q)}")
+        check_tensor("q_nope", q[0], 3)
+        check_tensor("q_pe", q[1], 3)
+        if q[0].shape[-1] != KV_LORA_RANK or q[1].shape[-1] != HEAD_DIM - KV_LORA_RANK or q[0].shape[:2] != q[1].shape[:2]:
+            fail("q", f"q_nope [total_q_tokens, num_heads, {KV_LORA_RANK}] and q_pe [total_q_tokens, num_heads, "
+                      f"{HEAD_DIM - KV_LORA_RANK}]", f"{tuple(q[0].shape)} and {tuple(q[1].shape)}")
+        first = q[0]
+    else:
+        check_tensor("q", q, 3)
+        if q.shape[-1] != HEAD_DIM:
+            fail("q", f"[total_q_tokens, num_heads, {HEAD_DIM}] (the varlen layout)", f"shape {tuple(q.shape)}")
+        first = q
+    total, heads = first.shape[0], first.shape[1]
+    check_tensor("query_start_loc", query_start_loc, 1, torch.int32, first.device)
+    if query_start_loc.shape[0] < 2:
+        fail("query_start_loc", "[batch + 1] int32 with batch >= 1", f"shape {tuple(query_start_loc.shape)}")
+    if out is not None:
+        check_tensor("out", out, 3, first.dtype, first.device)
+        if tuple(out.shape) != (total, heads, KV_LORA_RANK):
+            fail("out", f"shape {(total, heads, KV_LORA_RANK)} ([total_q_tokens, num_heads, 512])", tuple(out.shape))
+    if lse is not None:
+        check_tensor("lse", lse, 2, torch.float32, first.device)
+        if tuple(lse.shape) != (heads, total):
+            fail("lse", f"shape {(heads, total)} ([num_heads, total_q_tokens])", tuple(lse.shape))
+    return total, heads
+
+
+def _debug_check(query_start_loc: torch.Tensor, total: int, max_q_len: int) -> None:
+    loc = query_start_loc.tolist()
+    q_lens = [b - a for a, b in zip(loc, loc[1:])]
+    if loc[0] != 0 or loc[-1] != total or min(q_lens) < 0 or max(q_lens) > max_q_len:
+        fail("query_start_loc", f"0 = query_start_loc[0] <= ... <= query_start_loc[-1] = total_q_tokens = {total}, "
+                                f"each request's q_len (the differences) at most max_q_len = {max_q_len}", loc)
+
+
+def padded_index(query_start_loc: torch.Tensor, total_q_tokens: int, max_q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, valid): for each packed token t, its row dst[t] in the padded [batch * max_q_len] layout
+    (request b's q_len_b tokens at its last q_len_b rows), and whether t is valid: query_start_loc is
+    well formed and places t in a request of at most max_q_len tokens (else dst[t] is 0). Device tensors, no host
+    synchronization. query_start_loc: [batch + 1] int32."""
+    loc = query_start_loc.to(torch.int64)
+    t = torch.arange(total_q_tokens, device=loc.device, dtype=torch.int64)
+    batch = loc.shape[0] - 1
+    b = torch.searchsorted(loc[1:].contiguous(), t, right=True)  # requests that end at or before t
+    bc = b.clamp_max(batch - 1)
+    start, q_len = loc[bc], loc[bc + 1] - loc[bc]
+    pos = t - start
+    # A query_start_loc that is not 0 = first <= ... <= last = total makes every token invalid (no
+    # single request's rows can be trusted then); a request longer than max_q_len only its own.
+    whole = (loc[0] == 0) & (loc[-1] == total_q_tokens) & (loc[1:] >= loc[:-1]).all()
+    valid = whole & (b < batch) & (pos >= 0) & (pos < q_len) & (q_len <= max_q_len)
+    dst = bc * max_q_len + (max_q_len - q_len) + pos
+    return torch.where(valid, dst, torch.zeros_like(dst)), valid
+
+
+def run_padded(decode, q, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, out=None,
+               lse=None, **kwargs):
+    """The varlen call through `decode` (mla_decode, or mla_decode_reference) on the padded uniform
+    batch (module docstring); extra keyword arguments go to `decode`. Returns (out [total_q_tokens,
+    num_heads, 512], lse [num_heads, total_q_tokens] fp32)."""
+    total, heads = _check(q, query_start_loc, max_q_len, out, lse)
+    first = q[0] if isinstance(q, (tuple, list)) else q
+    batch = query_start_loc.shape[0] - 1
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
+        fail("seq_lens", f"[batch = len(query_start_loc) - 1 = {batch}] int32", f"shape {tuple(seq_lens.shape)}")
+    dst, valid = padded_index(query_start_loc, total, max_q_len)
+    q_pad = torch.zeros(batch * max_q_len, heads, HEAD_DIM, dtype=first.dtype, device=first.device)
+    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
+    # Tokens that are not valid would land on row 0; they are dropped here (index_copy_ of valid rows
+    # only would need their count on the host).
+    q_pad.index_put_((dst,), packed.masked_fill(~valid[:, None, None], 0), accumulate=True)
+    out_pad, lse_pad = decode(q_pad.view(batch, max_q_len, heads, HEAD_DIM), seq_lens=seq_lens, **kwargs)
+    # masked_fill with a Python scalar: no host-to-device copy, so the call stays capturable
+    got_out = out_pad.reshape(batch * max_q_len, heads, KV_LORA_RANK)[dst].masked_fill(~valid[:, None, None], float("nan"))
+    got_lse = lse_pad.float().transpose(0, 1).reshape(heads, batch * max_q_len)[:, dst].masked_fill(~valid[None, :], float("nan"))
+    if out is None:
+        out = got_out.to(first.dtype)
+    else:
+        out.copy_(got_out)
+    if lse is None:
+        lse = got_lse
+    else:
+        lse.copy_(got_lse)
+    return out, lse
+
+
+def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                      softmax_scale: float, *, query_start_loc: torch.Tensor, max_q_len: int,
+                      num_kv_splits: int | None = None, max_seq_len: int | None = None,
+                      out: torch.Tensor | None = None, lse: torch.Tensor | None = None, k_scale=None,
+                      debug: bool = False):
+    """One MLA decode step with a different q_len per request (the varlen layout).
+
+    Args:
+      q: [total_q_tokens, num_heads, 576] bf16/fp16, request b's tokens at rows query_start_loc[b] ..
+        query_start_loc[b + 1] - 1 in order; or the pair (q_nope [..., 512], q_pe [..., 64]).
+      kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, max_seq_len, k_scale: as in
+        :func:`mla_variants.mla_decode` (seq_lens counts each request's keys including its new tokens).
+      query_start_loc: [batch + 1] int32 on q's device, query_start_loc[0] = 0, non-decreasing, the last
+        entry total_q_tokens; request b's q_len is query_start_loc[b + 1] - query_start_loc[b] (0 is
+        legal: the request writes nothing).
+      max_q_len: 1..8, at least every request's q_len (fixed per plan, as engines size their steps);
+        each request's query j of q_len_b sees its first seq_len - (q_len_b - 1 - j) keys (causal,
+        bottom-right aligned per request).
+      out: optional [total_q_tokens, num_heads, 512] in q's dtype; lse: optional [num_heads,
+        total_q_tokens] fp32 (natural log).
+      debug: check query_start_loc on the host first (one synchronization) and raise MLAInputError
+        for a malformed one; without it, tokens it does not place get NaN rows.
+    Returns (out, lse) as above. Raises what mla_decode raises, and MLAInputError naming query_start_loc,
+    max_q_len, q, out or lse for a malformed varlen argument.
+    Math: as mla_decode per request (softmax attention over the request's cached latent rows).
+    """
+    from .api import mla_decode
+
+    if debug is not False and debug is not True:
+        fail("debug", "a bool", shown(debug))
+    total, _ = _check(q, query_start_loc, max_q_len, out, lse)
+    if debug:
+        _debug_check(query_start_loc, total, max_q_len)
+
+    def decode(q_pad, seq_lens):
+        return mla_decode(q_pad, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits=num_kv_splits,
+                          max_seq_len=max_seq_len, k_scale=k_scale, debug=debug)
+    return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse)
+
+
+def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                                softmax_scale: float, *, query_start_loc: torch.Tensor,
+                                dtype: torch.dtype = torch.float32, k_scale=None):
+    """The fp32 reference of :func:`mla_decode_varlen`, one request at a time (mla_decode_reference on
+    request b's q_len_b tokens), on any device. Returns (out [total_q_tokens, num_heads, 512], lse
+    [num_heads, total_q_tokens]) in `dtype`. Raises ValueError for a malformed query_start_loc."""
+    from .reference import mla_decode_reference
+
+    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
+    loc = query_start_loc.tolist()
+    if loc[0] != 0 or loc[-1] != packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
+        raise ValueError(f"query_start_loc: expected 0 = first <= ... <= last = {packed.shape[0]}, got {loc}")
+    total, heads = packed.shape[:2]
+    out = torch.zeros(total, heads, KV_LORA_RANK, dtype=dtype, device=packed.device)
+    lse = torch.full((heads, total), float("-inf"), dtype=dtype, device=packed.device)
+    for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
+        if hi == lo:
+            continue
+        o, l = mla_decode_reference(packed[lo:hi][None], kv_cache, block_table[b:b + 1], seq_lens[b:b + 1],
+                                    softmax_scale, dtype=dtype, k_scale=k_scale)
+        out[lo:hi] = o[0]
+        lse[:, lo:hi] = l[0]
+    return out, lse

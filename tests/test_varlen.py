@@ -1,0 +1,112 @@
+"""Variable q_len per request (mla_variants/varlen.py): the padded uniform batch it runs equals the
+per-request reference, on the CPU with the fp32 reference as the decode (the GPU half, with the
+kernels and CUDA graphs, is in test_gpu_varlen.py); malformed query_start_loc gives NaN rows, or
+MLAInputError with debug=True; argument errors name the argument."""
+import math
+
+import pytest
+import torch
+
+from mla_variants import MLAInputError, mla_decode_reference, mla_decode_varlen, mla_decode_varlen_reference
+from mla_variants.testing import compare, make_paged_case
+from mla_variants.varlen import padded_index, run_padded
+
+
+def packed_case(seq_lens, q_lens, num_heads, page_size, dtype=torch.bfloat16, seed=0, device="cpu"):
+    """A paged case whose request b has q_lens[b] new tokens, q packed as [total, heads, 576]."""
+    g = torch.Generator().manual_seed(seed)
+    case = make_paged_case(seq_lens, num_heads, page_size, max(max(q_lens), 1), dtype, device=device, generator=g)
+    q = torch.cat([case.q[b, : q_lens[b]] for b in range(len(q_lens))])
+    loc = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    return case, q, loc
+
+
+def reference_decode(case):
+    def decode(q_pad, seq_lens):
+        return mla_decode_reference(q_pad, case.kv_cache, case.block_table, seq_lens, case.softmax_scale,
+                                    k_scale=case.k_scale)
+    return decode
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_padded_batch_equals_each_request_alone(page_size, dtype):
+    q_lens, max_q_len = [3, 0, 1, 4, 2, 4], 4
+    seq_lens = [200, 0, 1, 3, 130, 70]  # request 3: 4 new tokens over 3 keys (the first query sees none)
+    case, q, loc = packed_case(seq_lens, q_lens, 16, page_size, dtype, seed=page_size)
+    out, lse = run_padded(reference_decode(case), q, case.seq_lens, loc, max_q_len)
+    ref_out, ref_lse = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens,
+                                                   case.softmax_scale, query_start_loc=loc, k_scale=case.k_scale)
+    assert out.shape == (sum(q_lens), 16, 512) and lse.shape == (16, sum(q_lens))
+    assert torch.isinf(ref_lse[:, 4]).all() and (ref_out[4] == 0).all()  # token 4: request 3's first query sees no key
+    # compare() takes [batch, q_len, heads, 512] / [batch, heads, q_len]: one packed "request" of all tokens
+    assert not compare(out[None], lse[None], ref_out[None].to(out.dtype), ref_lse[None])
+    # and each request's rows are its own uniform reference with q_len_b tokens
+    for b, (lo, hi) in enumerate(zip(loc.tolist(), loc.tolist()[1:])):
+        if hi > lo:
+            o, l = mla_decode_reference(q[lo:hi][None], case.kv_cache, case.block_table[b:b + 1], case.seq_lens[b:b + 1],
+                                        case.softmax_scale, k_scale=case.k_scale)
+            torch.testing.assert_close(ref_out[lo:hi], o[0])
+
+
+def test_q_pair_and_outputs_in_place():
+    case, q, loc = packed_case([50, 90], [2, 1], 8, 16)
+    out = torch.full((3, 8, 512), float("nan"), dtype=q.dtype)
+    lse = torch.full((8, 3), float("nan"))
+    got = run_padded(reference_decode(case), (q[..., :512], q[..., 512:]), case.seq_lens, loc, 2, out, lse)
+    assert got[0] is out and got[1] is lse and torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                      query_start_loc=loc)
+    assert not compare(out[None], lse[None], ref[0][None].to(out.dtype), ref[1][None])
+
+
+def test_index_places_each_token_at_its_requests_last_rows():
+    loc = torch.tensor([0, 2, 2, 5, 6], dtype=torch.int32)
+    dst, valid = padded_index(loc, 6, 4)
+    assert valid.all()
+    assert dst.tolist() == [2, 3, 9, 10, 11, 15]  # request 0 rows 2-3, request 2 rows 9-11, request 3 row 15
+
+
+@pytest.mark.parametrize("loc, bad", [
+    ([0, 2, 7], [2, 3, 4, 5, 6]),          # request 1 has 5 tokens, more than max_q_len 4: its own rows
+    ([1, 3, 7], list(range(7))),           # not starting at 0: every row
+    ([0, 3, 5], list(range(7))),           # not ending at total_q_tokens: every row
+    ([0, 4, 2, 7], list(range(7))),        # decreasing: every row
+])
+def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
+    case, _, _ = packed_case([40] * (len(loc) - 1), [4] * (len(loc) - 1), 8, 16)
+    q = case.q.reshape(-1, 8, 576)[:7]
+    loc = torch.tensor(loc, dtype=torch.int32)
+    out, lse = run_padded(reference_decode(case), q, case.seq_lens, loc, 4)
+    nan_rows = [t for t in range(7) if torch.isnan(out[t]).all() and torch.isnan(lse[:, t]).all()]
+    assert nan_rows == bad
+    assert torch.isfinite(out[[t for t in range(7) if t not in bad]]).all()
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected 0 = query_start_loc"):
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                          query_start_loc=loc, max_q_len=4, debug=True)
+
+
+@pytest.mark.parametrize("kwargs, arg", [
+    ({"max_q_len": 0}, "max_q_len"), ({"max_q_len": 9}, "max_q_len"), ({"max_q_len": True}, "max_q_len"),
+    ({"query_start_loc": torch.tensor([0, 1, 3])}, "query_start_loc"),              # int64
+    ({"query_start_loc": torch.tensor([3], dtype=torch.int32)}, "query_start_loc"),  # no request
+    ({"q": torch.zeros(1, 3, 8, 576, dtype=torch.bfloat16)}, "q"),                  # the uniform layout
+    ({"out": torch.zeros(3, 8, 511, dtype=torch.bfloat16)}, "out"),
+    ({"lse": torch.zeros(3, 8)}, "lse"),                                            # [total, heads]: transposed
+    ({"debug": 1}, "debug"),
+])
+def test_argument_errors_name_the_argument(kwargs, arg):
+    case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
+    call = {"q": q, "query_start_loc": loc, "max_q_len": 2, **kwargs}
+    with pytest.raises(MLAInputError, match=f"^{arg}: expected"):
+        mla_decode_varlen(call.pop("q"), case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, **call)
+
+
+def test_uniform_q_len_is_the_uniform_call():
+    """A varlen call whose requests all have q_len Q gives what the uniform [batch, Q, ...] call gives."""
+    case, q, loc = packed_case([100, 33, 7], [3, 3, 3], 16, 1)
+    out, lse = run_padded(reference_decode(case), q, case.seq_lens, loc, 3)
+    u_out, u_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale)
+    torch.testing.assert_close(out, u_out.reshape(9, 16, 512).to(out.dtype), rtol=0, atol=0)
+    assert torch.equal(lse, u_lse.permute(1, 0, 2).reshape(16, 9)) or math.isclose(
+        (lse - u_lse.permute(1, 0, 2).reshape(16, 9)).nan_to_num().abs().max().item(), 0.0, abs_tol=1e-6)
