@@ -84,33 +84,43 @@ def padded_index(query_start_loc: torch.Tensor, total_q_tokens: int, max_q_len: 
 
 
 def run_padded(decode, q, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, out=None,
-               lse=None, **kwargs):
-    """The varlen call through `decode` (mla_decode, or mla_decode_reference) on the padded uniform
-    batch (module docstring); extra keyword arguments go to `decode`. Returns (out [total_q_tokens,
-    num_heads, 512], lse [num_heads, total_q_tokens] fp32)."""
+               lse=None, buffers=None):
+    """The varlen call through `decode(q_pad, seq_lens, out_pad, lse_pad)` (mla_decode, MLADecodePlan.run
+    or the reference, on q_pad [batch, max_q_len, num_heads, 576]; out_pad / lse_pad None, or the
+    uniform outputs to write) on the padded uniform batch (module docstring). buffers: None (q_pad
+    allocated here, the outputs by decode), or (q_pad [>= batch * max_q_len, num_heads, 576], out_pad
+    [>= batch, max_q_len, num_heads, 512], lse_pad [>= batch, num_heads, max_q_len] fp32). Returns (out
+    [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens] fp32)."""
     total, heads = _check(q, query_start_loc, max_q_len, out, lse)
     first = q[0] if isinstance(q, (tuple, list)) else q
     batch = query_start_loc.shape[0] - 1
     if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
         fail("seq_lens", f"[batch = len(query_start_loc) - 1 = {batch}] int32", f"shape {tuple(seq_lens.shape)}")
     dst, valid = padded_index(query_start_loc, total, max_q_len)
-    q_pad = torch.zeros(batch * max_q_len, heads, HEAD_DIM, dtype=first.dtype, device=first.device)
+    rows = batch * max_q_len
+    if buffers is None:
+        q_pad = torch.zeros(rows, heads, HEAD_DIM, dtype=first.dtype, device=first.device)
+        out_pad = lse_pad = None
+    else:
+        q_pad, out_pad, lse_pad = buffers[0][:rows], buffers[1][:batch], buffers[2][:batch]
+        q_pad.zero_()
     packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
-    # Tokens that are not valid would land on row 0; they are dropped here (index_copy_ of valid rows
-    # only would need their count on the host).
+    # Tokens that are not valid land on row 0 as zeros (dropping them instead would need their count
+    # on the host).
     q_pad.index_put_((dst,), packed.masked_fill(~valid[:, None, None], 0), accumulate=True)
-    out_pad, lse_pad = decode(q_pad.view(batch, max_q_len, heads, HEAD_DIM), seq_lens=seq_lens, **kwargs)
-    # masked_fill with a Python scalar: no host-to-device copy, so the call stays capturable
-    got_out = out_pad.reshape(batch * max_q_len, heads, KV_LORA_RANK)[dst].masked_fill(~valid[:, None, None], float("nan"))
-    got_lse = lse_pad.float().transpose(0, 1).reshape(heads, batch * max_q_len)[:, dst].masked_fill(~valid[None, :], float("nan"))
-    if out is None:
-        out = got_out.to(first.dtype)
+    out_pad, lse_pad = decode(q_pad.view(batch, max_q_len, heads, HEAD_DIM), seq_lens, out_pad, lse_pad)
+    # Gathered straight into out / lse (index_select's out=), then the invalid tokens' rows set to NaN
+    # with a Python scalar (no host-to-device copy, so the call stays capturable).
+    flat_out = out_pad.reshape(rows, heads, KV_LORA_RANK)
+    if out is None or out.dtype != flat_out.dtype or not out.is_contiguous():
+        got = flat_out.index_select(0, dst)
+        out = got.to(first.dtype) if out is None else out.copy_(got)
     else:
-        out.copy_(got_out)
-    if lse is None:
-        lse = got_lse
-    else:
-        lse.copy_(got_lse)
+        torch.index_select(flat_out, 0, dst, out=out)
+    out.masked_fill_(~valid[:, None, None], float("nan"))
+    got_lse = lse_pad.float().transpose(0, 1).reshape(heads, rows).index_select(1, dst)  # [heads, total]: small
+    lse = got_lse if lse is None else lse.copy_(got_lse)
+    lse.masked_fill_(~valid[None, :], float("nan"))
     return out, lse
 
 
@@ -148,7 +158,7 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
     if debug:
         _debug_check(query_start_loc, total, max_q_len)
 
-    def decode(q_pad, seq_lens):
+    def decode(q_pad, seq_lens, _out, _lse):
         return mla_decode(q_pad, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits=num_kv_splits,
                           max_seq_len=max_seq_len, k_scale=k_scale, debug=debug)
     return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse)

@@ -54,3 +54,27 @@ def test_a_captured_graph_follows_query_start_loc_and_seq_lens():
         graph.replay()
         torch.cuda.synchronize()
         assert not _check(case, q, loc, out, lse), f"replay with query_start_loc {new_loc}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_plan_run_varlen_and_its_graph(dtype):
+    from mla_variants import MLADecodePlan
+    case, q, loc = _case([900, 0, 300, 77], [1, 0, 4, 2], 16, 64, dtype, 11)
+    kv_dtype = dtype if dtype == torch.float8_e4m3fn else None
+    plan = MLADecodePlan(8, 16, 64, q_len=4, dtype=torch.bfloat16, kv_dtype=kv_dtype, max_seq_len=4096)
+    out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((16, q.shape[0]), float("nan"), device="cuda")
+
+    def step():
+        plan.run_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                        out=out, lse=lse, k_scale=case.k_scale)
+    step()
+    torch.cuda.synchronize()
+    assert not _check(case, q, loc, out, lse)
+    graph = capture_graph(step)
+    loc.copy_(torch.tensor([0, 3, 3, 6, 7], dtype=torch.int32))
+    case.seq_lens.copy_(torch.tensor([850, 0, 5, 3], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not _check(case, q, loc, out, lse)

@@ -22,7 +22,7 @@ def packed_case(seq_lens, q_lens, num_heads, page_size, dtype=torch.bfloat16, se
 
 
 def reference_decode(case):
-    def decode(q_pad, seq_lens):
+    def decode(q_pad, seq_lens, _out, _lse):
         return mla_decode_reference(q_pad, case.kv_cache, case.block_table, seq_lens, case.softmax_scale,
                                     k_scale=case.k_scale)
     return decode
