@@ -78,3 +78,19 @@ def test_plan_run_varlen_and_its_graph(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert not _check(case, q, loc, out, lse)
+
+
+def test_varlen_op_compiles_fullgraph_and_passes_opcheck():
+    import mla_variants.ops  # noqa: F401
+    case, q, loc = _case([900, 40, 300], [1, 3, 2], 16, 64, torch.bfloat16, 5)
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, kv, bt, sl, loc):
+            out, lse = torch.ops.mla_variants.mla_decode_varlen(q[..., :512], q[..., 512:], kv, bt, sl, loc, 4,
+                                                                 case.softmax_scale, 0)
+            return out * 2, lse
+
+    out, lse = torch.compile(Attn(), fullgraph=True)(q, case.kv_cache, case.block_table, case.seq_lens, loc)
+    assert not _check(case, q, loc, out / 2, lse)
+    args = (q[..., :512], q[..., 512:], case.kv_cache, case.block_table, case.seq_lens, loc, 4, case.softmax_scale, 3)
+    torch.library.opcheck(torch.ops.mla_variants.mla_decode_varlen.default, args)

@@ -110,3 +110,18 @@ def test_uniform_q_len_is_the_uniform_call():
     torch.testing.assert_close(out, u_out.reshape(9, 16, 512).to(out.dtype), rtol=0, atol=0)
     assert torch.equal(lse, u_lse.permute(1, 0, 2).reshape(16, 9)) or math.isclose(
         (lse - u_lse.permute(1, 0, 2).reshape(16, 9)).nan_to_num().abs().max().item(), 0.0, abs_tol=1e-6)
+
+
+def test_the_varlen_op_has_shapes_for_tracing():
+    """torch.ops.mla_variants.mla_decode_varlen's fake implementation (what torch.compile traces), on
+    meta tensors: out [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens]."""
+    import mla_variants.ops  # noqa: F401
+
+    m = dict(device="meta")
+    args = (torch.empty(7, 16, 512, dtype=torch.bfloat16, **m), torch.empty(7, 16, 64, dtype=torch.bfloat16, **m),
+            torch.empty(10, 64, 576, dtype=torch.bfloat16, **m), torch.empty(3, 4, dtype=torch.int32, **m),
+            torch.empty(3, dtype=torch.int32, **m), torch.empty(4, dtype=torch.int32, **m))
+    out, lse = torch.ops.mla_variants.mla_decode_varlen(*args, 4, 0.1, 0)
+    assert out.shape == (7, 16, 512) and out.dtype == torch.bfloat16 and lse.shape == (16, 7) and lse.dtype == torch.float32
+    with pytest.raises(MLAInputError, match="^q_nope/q_pe: expected shapes \\[total_q_tokens"):
+        torch.ops.mla_variants.mla_decode_varlen(args[0][None], args[1][None], *args[2:], 4, 0.1, 0)
