@@ -233,7 +233,7 @@ class MLADecodePlan:
 
         q: [total_q_tokens, num_heads, 576] (or the pair) in the plan's dtype, request b's tokens at rows
         query_start_loc[b] .. query_start_loc[b + 1] - 1; query_start_loc: [batch + 1] int32 on the
-        device (0 first, non-decreasing, total_q_tokens last; a request's q_len 0..plan.q_len);
+        device (0 first, non-decreasing, at most total_q_tokens last; a request's q_len 0..plan.q_len);
         out: [total_q_tokens, num_heads, 512]; lse: [num_heads, total_q_tokens] fp32; the rest as
         :meth:`run`. The requests run as the plan's uniform step on a padded batch whose buffers the
         plan allocates at the first run_varlen (max_batch x q_len rows; make that call before capturing
@@ -243,6 +243,13 @@ class MLADecodePlan:
         Raises what :meth:`run` raises, and MLAInputError for a malformed varlen argument."""
         from .validation import HEAD_DIM, KV_LORA_RANK
         from .varlen import run_padded
+        if out is None or lse is None:
+            fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run_varlen allocates nothing)", None)
+        first = q[0] if isinstance(q, (tuple, list)) and len(q) == 2 else q
+        if isinstance(first, torch.Tensor) and first.dim() == 3 and (
+                first.shape[1] != self.num_heads or first.dtype != self.dtype or first.device != self.device):
+            fail("q", f"[total_q_tokens, num_heads={self.num_heads}, ...] {self.dtype} on {self.device} (this plan's)",
+                 f"num_heads={first.shape[1]}, {first.dtype} on {first.device}")
         if self._varlen_buffers is None:
             rows = self.max_batch * self.q_len
             self._varlen_buffers = (
@@ -255,7 +262,8 @@ class MLADecodePlan:
         if query_start_loc is not None and isinstance(query_start_loc, torch.Tensor) and query_start_loc.dim() == 1 \
                 and query_start_loc.shape[0] - 1 > self.max_batch:
             fail("query_start_loc", f"at most max_batch + 1 = {self.max_batch + 1} entries", query_start_loc.shape[0])
-        return run_padded(decode, q, seq_lens, query_start_loc, self.q_len, out, lse, self._varlen_buffers)
+        return run_padded(decode, q, seq_lens, query_start_loc, self.q_len, out, lse, self._varlen_buffers,
+                          inputs=(kv_cache, block_table, k_scale))
 
     def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
              *, out: torch.Tensor, lse: torch.Tensor, k_scale=None) -> "BoundDecode":

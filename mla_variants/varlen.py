@@ -10,33 +10,36 @@ device from query_start_loc (torch.searchsorted), so nothing is read back to the
 be captured in a CUDA graph. The padding costs (max_q_len - q_len_b) x num_heads extra query rows per
 request, which share the request's one read of its keys.
 
-A request with q_len 0 (an empty slot of a padded batch) writes nothing. A request longer than max_q_len
-gets NaN out and lse, as a bad seq_len does, and every token does when query_start_loc is malformed (not
-starting at 0, decreasing, or not ending at total_q_tokens); debug=True checks query_start_loc on the
-host first and raises MLAInputError instead.
+A request with q_len 0 (an empty slot of a padded batch) writes nothing. Tokens past
+query_start_loc[-1] (an engine padding total_q_tokens to a captured size) belong to no request and get
+NaN out and lse; so does a request longer than max_q_len, as a bad seq_len does, and every token when
+query_start_loc is malformed (not starting at 0, decreasing, or ending past total_q_tokens); debug=True
+checks query_start_loc on the host first and raises MLAInputError instead.
 """
 from __future__ import annotations
 
 import torch
 
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, check_tensor, fail, shown
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, Q_DTYPES, byte_span, check_no_overlap, check_tensor, \
+    fail, shown
 
 
-def _check(q, query_start_loc, max_q_len: int, out, lse):
-    """(total_q_tokens, num_heads, q's device, q's dtype) after checking the varlen arguments."""
+def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
+    """(total_q_tokens, num_heads) after checking the varlen arguments; out and lse must not share
+    memory with each other, q, query_start_loc or `inputs` (the caller's other tensors)."""
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN} (the longest request's q_len this call allows)", shown(max_q_len))
     if isinstance(q, (tuple, list)):
         if len(q) != 2:
             fail("q", "a tensor or the pair (q_nope, q_pe)", f"a sequence of {len(q)}")
-        check_tensor("q_nope", q[0], 3)
-        check_tensor("q_pe", q[1], 3)
+        check_tensor("q_nope", q[0], 3, tuple(Q_DTYPES))
+        check_tensor("q_pe", q[1], 3, q[0].dtype, q[0].device)
         if q[0].shape[-1] != KV_LORA_RANK or q[1].shape[-1] != HEAD_DIM - KV_LORA_RANK or q[0].shape[:2] != q[1].shape[:2]:
             fail("q", f"q_nope [total_q_tokens, num_heads, {KV_LORA_RANK}] and q_pe [total_q_tokens, num_heads, "
                       f"{HEAD_DIM - KV_LORA_RANK}]", f"{tuple(q[0].shape)} and {tuple(q[1].shape)}")
         first = q[0]
     else:
-        check_tensor("q", q, 3)
+        check_tensor("q", q, 3, tuple(Q_DTYPES))
         if q.shape[-1] != HEAD_DIM:
             fail("q", f"[total_q_tokens, num_heads, {HEAD_DIM}] (the varlen layout)", f"shape {tuple(q.shape)}")
         first = q
@@ -52,14 +55,25 @@ def _check(q, query_start_loc, max_q_len: int, out, lse):
         check_tensor("lse", lse, 2, torch.float32, first.device)
         if tuple(lse.shape) != (heads, total):
             fail("lse", f"shape {(heads, total)} ([num_heads, total_q_tokens])", tuple(lse.shape))
+    given = [(name, t) for name, t in (("out", out), ("lse", lse)) if t is not None]
+    others = [*(q if isinstance(q, (tuple, list)) else (q,)), query_start_loc,
+              *(t for t in inputs if isinstance(t, torch.Tensor))]
+    for i, (name, t) in enumerate(given):
+        check_no_overlap(name, t)
+        span = byte_span(t)
+        for other in others + [u for _, u in given[i + 1:]]:
+            o = byte_span(other) if other.device == t.device else None
+            if span and o and span[0] < o[1] and o[0] < span[1]:
+                fail(name, "memory of its own (it would overwrite an input or the other output)",
+                     "a tensor that shares memory with another argument")
     return total, heads
 
 
 def _debug_check(query_start_loc: torch.Tensor, total: int, max_q_len: int) -> None:
     loc = query_start_loc.tolist()
     q_lens = [b - a for a, b in zip(loc, loc[1:])]
-    if loc[0] != 0 or loc[-1] != total or min(q_lens) < 0 or max(q_lens) > max_q_len:
-        fail("query_start_loc", f"0 = query_start_loc[0] <= ... <= query_start_loc[-1] = total_q_tokens = {total}, "
+    if loc[0] != 0 or loc[-1] > total or min(q_lens) < 0 or max(q_lens) > max_q_len:
+        fail("query_start_loc", f"0 = query_start_loc[0] <= ... <= query_start_loc[-1] <= total_q_tokens = {total}, "
                                 f"each request's q_len (the differences) at most max_q_len = {max_q_len}", loc)
 
 
@@ -75,26 +89,29 @@ def padded_index(query_start_loc: torch.Tensor, total_q_tokens: int, max_q_len: 
     bc = b.clamp_max(batch - 1)
     start, q_len = loc[bc], loc[bc + 1] - loc[bc]
     pos = t - start
-    # A query_start_loc that is not 0 = first <= ... <= last = total makes every token invalid (no
-    # single request's rows can be trusted then); a request longer than max_q_len only its own.
-    whole = (loc[0] == 0) & (loc[-1] == total_q_tokens) & (loc[1:] >= loc[:-1]).all()
+    # A query_start_loc that is not 0 = first <= ... <= last <= total makes every token invalid (no
+    # single request's rows can be trusted then); a request longer than max_q_len only its own, and
+    # tokens past the last request (an engine's padding of total_q_tokens) only themselves.
+    whole = (loc[0] == 0) & (loc[-1] <= total_q_tokens) & (loc[1:] >= loc[:-1]).all()
     valid = whole & (b < batch) & (pos >= 0) & (pos < q_len) & (q_len <= max_q_len)
     dst = bc * max_q_len + (max_q_len - q_len) + pos
     return torch.where(valid, dst, torch.zeros_like(dst)), valid
 
 
 def run_padded(decode, q, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, out=None,
-               lse=None, buffers=None):
+               lse=None, buffers=None, inputs=()):
     """The varlen call through `decode(q_pad, seq_lens, out_pad, lse_pad)` (mla_decode, MLADecodePlan.run
     or the reference, on q_pad [batch, max_q_len, num_heads, 576]; out_pad / lse_pad None, or the
     uniform outputs to write) on the padded uniform batch (module docstring). buffers: None (q_pad
     allocated here, the outputs by decode), or (q_pad [>= batch * max_q_len, num_heads, 576], out_pad
     [>= batch, max_q_len, num_heads, 512], lse_pad [>= batch, num_heads, max_q_len] fp32). Returns (out
-    [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens] fp32)."""
-    total, heads = _check(q, query_start_loc, max_q_len, out, lse)
+    [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens] fp32). inputs: the call's other
+    tensors (kv_cache, block_table, k_scale), which out and lse must not overlap."""
+    total, heads = _check(q, query_start_loc, max_q_len, out, lse, inputs)
     first = q[0] if isinstance(q, (tuple, list)) else q
     batch = query_start_loc.shape[0] - 1
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
+    check_tensor("seq_lens", seq_lens, 1, torch.int32, first.device)
+    if seq_lens.shape[0] != batch:
         fail("seq_lens", f"[batch = len(query_start_loc) - 1 = {batch}] int32", f"shape {tuple(seq_lens.shape)}")
     dst, valid = padded_index(query_start_loc, total, max_q_len)
     rows = batch * max_q_len
@@ -154,14 +171,15 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
 
     if debug is not False and debug is not True:
         fail("debug", "a bool", shown(debug))
-    total, _ = _check(q, query_start_loc, max_q_len, out, lse)
+    inputs = (kv_cache, block_table, seq_lens, k_scale)
+    total, _ = _check(q, query_start_loc, max_q_len, out, lse, inputs)
     if debug:
         _debug_check(query_start_loc, total, max_q_len)
 
     def decode(q_pad, seq_lens, _out, _lse):
         return mla_decode(q_pad, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits=num_kv_splits,
                           max_seq_len=max_seq_len, k_scale=k_scale, debug=debug)
-    return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse)
+    return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse, inputs=inputs)
 
 
 def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -174,11 +192,13 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
 
     packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
     loc = query_start_loc.tolist()
-    if loc[0] != 0 or loc[-1] != packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
-        raise ValueError(f"query_start_loc: expected 0 = first <= ... <= last = {packed.shape[0]}, got {loc}")
+    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])) \
+            or seq_lens.shape[0] != len(loc) - 1 or block_table.shape[0] != len(loc) - 1:
+        raise ValueError(f"query_start_loc: expected [batch + 1 = {seq_lens.shape[0] + 1}] entries, 0 = first <= ... "
+                         f"<= last <= {packed.shape[0]}, got {loc}")
     total, heads = packed.shape[:2]
-    out = torch.zeros(total, heads, KV_LORA_RANK, dtype=dtype, device=packed.device)
-    lse = torch.full((heads, total), float("-inf"), dtype=dtype, device=packed.device)
+    out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
+    lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
     for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
         if hi == lo:
             continue

@@ -70,7 +70,7 @@ def test_index_places_each_token_at_its_requests_last_rows():
 @pytest.mark.parametrize("loc, bad", [
     ([0, 2, 7], [2, 3, 4, 5, 6]),          # request 1 has 5 tokens, more than max_q_len 4: its own rows
     ([1, 3, 7], list(range(7))),           # not starting at 0: every row
-    ([0, 3, 5], list(range(7))),           # not ending at total_q_tokens: every row
+    ([0, 3, 5], [5, 6]),                   # tokens past the last request (padding): their own rows
     ([0, 4, 2, 7], list(range(7))),        # decreasing: every row
 ])
 def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
@@ -81,6 +81,8 @@ def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
     nan_rows = [t for t in range(7) if torch.isnan(out[t]).all() and torch.isnan(lse[:, t]).all()]
     assert nan_rows == bad
     assert torch.isfinite(out[[t for t in range(7) if t not in bad]]).all()
+    if loc[-1] < 7 and bad == [5, 6]:
+        return  # legal: padding tokens past the last request
     with pytest.raises(MLAInputError, match="^query_start_loc: expected 0 = query_start_loc"):
         mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                           query_start_loc=loc, max_q_len=4, debug=True)
@@ -94,12 +96,27 @@ def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
     ({"out": torch.zeros(3, 8, 511, dtype=torch.bfloat16)}, "out"),
     ({"lse": torch.zeros(3, 8)}, "lse"),                                            # [total, heads]: transposed
     ({"debug": 1}, "debug"),
+    ({"q": (torch.zeros(3, 8, 512, dtype=torch.bfloat16), torch.zeros(3, 8, 64, dtype=torch.float16))}, "q_pe"),
+    ({"q": torch.zeros(3, 8, 576)}, "q"),                                            # fp32 q
+    ({"seq_lens": [30, 40]}, "seq_lens"),
 ])
 def test_argument_errors_name_the_argument(kwargs, arg):
     case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
-    call = {"q": q, "query_start_loc": loc, "max_q_len": 2, **kwargs}
+    call = {"q": q, "query_start_loc": loc, "max_q_len": 2, "seq_lens": case.seq_lens, **kwargs}
     with pytest.raises(MLAInputError, match=f"^{arg}: expected"):
-        mla_decode_varlen(call.pop("q"), case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, **call)
+        mla_decode_varlen(call.pop("q"), case.kv_cache, case.block_table, call.pop("seq_lens"), case.softmax_scale, **call)
+
+
+def test_outputs_that_share_memory_with_an_input_or_each_other_are_refused():
+    case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
+    buf = torch.zeros(3 * 8 * 512 * 2, dtype=torch.uint8)
+    out = buf.view(torch.bfloat16).view(3, 8, 512)
+    with pytest.raises(MLAInputError, match="^out: expected memory of its own"):  # out and lse overlap
+        run_padded(reference_decode(case), q, case.seq_lens, loc, 2, out, buf[: 8 * 3 * 4].view(torch.float32).view(8, 3))
+    over_cache = case.kv_cache.view(-1)[: 3 * 8 * 512].view(3, 8, 512)
+    with pytest.raises(MLAInputError, match="^out: expected memory of its own"):
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                          max_q_len=2, out=over_cache)
 
 
 def test_uniform_q_len_is_the_uniform_call():
