@@ -28,6 +28,7 @@ DTYPES: dict[str, tuple[str, str]] = {
 TILE_KEYS = 64                # kBlockN: keys per tile; splits hold whole tiles
 ROWS_64 = 64                  # kBlockM: query rows per CTA of the 64-row path
 ST_MAX_HEADS = 32             # kUseSt: at most this many heads run the transposed path
+ST_MAX_ROWS = 32              # kStMaxRows: the largest row block of the transposed path
 ST32_MIN_KEYS = 1024          # kSt32MinKeys: 17..32-head 16-bit launches with shorter splits run the 64-row kernel
 FP8_SHORT_SPLIT_KEYS = 128    # kFp8ShortSplitKeys: fp8 64-row split launches with splits this short run 32-token tiles
 
@@ -46,6 +47,9 @@ class PathFacts:
     balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
         path with a 16-bit cache).
     tile_keys: keys per tile (splits are whole tiles).
+    max_rows_per_cta: the largest row block of the variant's own path (32 on the transposed path, 64 on
+        the 64-row one): a launch with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to
+        it that holds the request's q_len x num_heads rows (rows_for), so they share one read of the keys.
     """
 
     rows_per_cta: int
@@ -56,6 +60,7 @@ class PathFacts:
     balanced_schedule: bool
     tile_keys: int = TILE_KEYS
     second_rows_per_cta: int = ROWS_64
+    max_rows_per_cta: int = ROWS_64
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
@@ -68,7 +73,8 @@ class PathFacts:
         tma_pages = page_size % TILE_KEYS == 0
         return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
-                   balanced_schedule=split and not transposed and not fp8)
+                   balanced_schedule=split and not transposed and not fp8,
+                   max_rows_per_cta=ST_MAX_ROWS if transposed else ROWS_64)
 
     @classmethod
     def from_json(cls, d: dict) -> "PathFacts":
@@ -85,9 +91,18 @@ class PathFacts:
         """Whether a launch with this bound and split count runs the second kernel (launch.cuh)."""
         return self.second_kernel is not None and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
 
-    def launch_rows(self, max_seq_len: int, num_kv_splits: int) -> int:
-        """Query rows per CTA of the kernel such a launch runs."""
-        return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_per_cta
+    def rows_for(self, q_rows: int) -> int:
+        """Rows per CTA of the own kernel for q_rows = q_len x the variant's num_heads rows per request
+        (config.cuh rows_for): the smallest of rows_per_cta, 2 x, 4 x ... that holds them, at most
+        max_rows_per_cta."""
+        rows = self.rows_per_cta
+        while rows < q_rows and rows < self.max_rows_per_cta:
+            rows *= 2
+        return rows
+
+    def launch_rows(self, max_seq_len: int, num_kv_splits: int, q_rows: int = 1) -> int:
+        """Query rows per CTA of the kernel such a launch runs (q_rows: q_len x the variant's num_heads)."""
+        return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_for(q_rows)
 
     def cpp(self) -> str:
         """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""
@@ -95,7 +110,7 @@ class PathFacts:
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"mla::PathFacts<{self.rows_per_cta}, mla::SecondKernel::{kind}, {self.second_max_split_keys}, "
                 f"{b(self.tma)}, {b(self.second_tma)}, {b(self.balanced_schedule)}, {self.tile_keys}, "
-                f"{self.second_rows_per_cta}>")
+                f"{self.second_rows_per_cta}, {self.max_rows_per_cta}>")
 
     def to_json(self) -> dict:
         return asdict(self)

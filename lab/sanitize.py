@@ -10,7 +10,7 @@ Needs a build with the variants below (the default `mla-variants build`; a call 
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
 the 64-row path with cp.async and TMA pages, staged and paired epilogues, split and not, both second
 kernels (the 64-row kernel of 17..32 heads on short splits, the fp8 short-split kernel), the balanced
-schedule, q_len 2, and every combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
+schedule, q_len 2 and 4 (a transposed variant's larger row blocks), and every combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
 instruments every shared-memory access) and their results are checked against the fp32 reference.
 Exit status 0 only if every tool reports 0 errors and 0 hazards.
 """
@@ -29,11 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # max_seq_len=1 (every split short: the variant's second kernel), "balanced" runs MLADecodePlan's schedule.
 CALLS = [
     ("st8-bf16-split", 8, 1, "bf16", [150, 1, 0], 1, 3, ""),
-    ("st8-fp8-split", 8, 16, "fp8", [150, 70], 2, 2, ""),
+    ("st8-fp8-split", 8, 16, "fp8", [150, 70], 1, 2, ""),
     ("st16-bf16-nosplit", 16, 64, "bf16", [200, 65], 1, 1, ""),
     ("st16-fp16-split", 16, 16, "fp16", [300, 3], 1, 12, ""),
     ("st16-fp8-split", 16, 64, "fp8", [260, 64], 1, 2, ""),
     ("st32-bf16-long", 32, 1, "bf16", [2100, 1500], 1, 1, ""),
+    ("st16-q2-rows32-bf16-split", 16, 16, "bf16", [300, 70], 2, 2, ""),
+    ("st8-q4-rows32-fp8-split", 8, 1, "fp8", [150, 90], 4, 2, ""),
+    ("st8-q2-rows16-bf16-split", 8, 64, "bf16", [200, 33], 2, 3, ""),
+    ("st8-q5-masked-bf16-split", 6, 1, "bf16", [150, 3], 5, 2, ""),  # 40 rows: a second 32-row block of 8 real rows
     ("st32-bf16-short-rows64", 32, 64, "bf16", [300, 129], 2, 3, "short"),
     ("st32-fp8-split", 32, 1, "fp8", [333, 90], 1, 2, ""),
     ("r64-bf16-p1-split", 64, 1, "bf16", [250, 64, 1], 1, 3, ""),

@@ -68,13 +68,14 @@ def the_launch(num_heads: int, page_size: int, dtype: str, split: bool):
     return launches[0] if len(launches) == 1 and launches[0].key[0] == num_heads else None
 
 
-def rows_per_cta(launch, max_seq_len: int | None = None, num_kv_splits: int = 1) -> int:
+def rows_per_cta(launch, max_seq_len: int | None = None, num_kv_splits: int = 1, q_len: int = 1) -> int:
     """Query rows per CTA of the kernel a launch (an entry of the library's plan) runs: the variant's
-    own rows (launch.facts.rows_per_cta), or, given the launcher's bound (max_seq_len) and the split
-    count, launch.facts.launch_rows: its second kernel's rows when every split is short."""
+    own rows for q_len (launch.facts.rows_for), or, given the launcher's bound (max_seq_len) and the
+    split count, launch.facts.launch_rows: its second kernel's rows when every split is short."""
+    q_rows = launch.key[0] * q_len
     if max_seq_len is None:
-        return launch.facts.rows_per_cta
-    return launch.facts.launch_rows(max_seq_len, num_kv_splits)
+        return launch.facts.rows_for(q_rows)
+    return launch.facts.launch_rows(max_seq_len, num_kv_splits, q_rows)
 
 
 def cta_records(words: torch.Tensor, m_blocks: int, grid_x: int) -> list[dict]:
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
         call, out, lse = bench.decode_call(inputs, splits)
         warm = bench.code_warm_call(case, splits, dtype, q_len, gen) if args.code_warm else None
         bound = inputs["block_table"].shape[1] * page  # the launcher's bound: decode_call gives no max_seq_len
-        m_blocks = -(-heads * q_len // rows_per_cta(launch, bound, splits))
+        m_blocks = -(-heads * q_len // rows_per_cta(launch, bound, splits, q_len))
         grid_x, grid_y = m_blocks * batch, splits
         if args.balanced:
             call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)

@@ -4,6 +4,9 @@
                                       k_scale=None) -> (out, lse)      # functional: allocates out and lse
     torch.ops.mla_variants.mla_decode_out(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale,
                                           num_kv_splits, out, lse, k_scale=None) -> None   # writes out / lse
+    torch.ops.mla_variants.mla_decode_varlen(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
+                                             max_q_len, softmax_scale, num_kv_splits, k_scale=None) -> (out, lse)
+                # q [total_q_tokens, num_heads, ...], out [total_q_tokens, num_heads, 512], lse [num_heads, total]
 
 num_kv_splits = 0 means the default heuristic. k_scale is the float8_e4m3fn cache's dequantization scale as
 a 1-element fp32 device tensor (cache value x k_scale = real value; required for an fp8 cache, None for
@@ -20,6 +23,7 @@ from typing import Optional
 import torch
 
 from .api import mla_decode as _mla_decode
+from .varlen import mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
 from .validation import KV_LORA_RANK, fail, shown
 
@@ -82,3 +86,29 @@ def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None):
     _fake_check(q_nope, q_pe, kv_cache, k_scale)
     return None
+
+
+@torch.library.custom_op("mla_variants::mla_decode_varlen", mutates_args=(), device_types="cuda")
+def mla_decode_varlen_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, softmax_scale: float,
+                         num_kv_splits: int, k_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """mla_variants.mla_decode_varlen as an op: q_nope [total_q_tokens, num_heads, 512] and q_pe [.., 64],
+    query_start_loc [batch + 1] int32, max_q_len 1..8, the rest as mla_decode_op. Returns out
+    [total_q_tokens, num_heads, 512] (q's dtype) and lse [num_heads, total_q_tokens] fp32."""
+    _tensor_scale(k_scale)
+    return _mla_decode_varlen((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
+                              query_start_loc=query_start_loc, max_q_len=max_q_len,
+                              num_kv_splits=num_kv_splits or None, k_scale=k_scale)
+
+
+@mla_decode_varlen_op.register_fake
+def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len, softmax_scale, num_kv_splits,
+      k_scale=None):
+    if q_nope.dim() != 3 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 3 or q_pe.shape[-1] != 64 \
+            or q_pe.shape[:2] != q_nope.shape[:2]:
+        fail("q_nope/q_pe", "shapes [total_q_tokens, num_heads, 512] and [total_q_tokens, num_heads, 64]",
+             f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+    _fake_check(q_nope[None], q_pe[None], kv_cache, k_scale)
+    total, num_heads, _ = q_nope.shape
+    return (q_nope.new_empty((total, num_heads, KV_LORA_RANK)),
+            q_nope.new_empty((num_heads, total), dtype=torch.float32))

@@ -24,21 +24,25 @@ def _for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sm
 
 
 def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, max_seq_len: int,
-                      num_sms: int) -> int:
+                      num_sms: int, *, variant_heads: int | None = None) -> int:
     """The heuristic for a variant with these path facts, on arguments known to be in range.
 
-    The unsplit grid is batch * ceil(num_heads * q_len / rows) CTAs, rows = facts.rows_per_cta, one CTA
-    per SM at a time. If that fills the SMs: 1. Otherwise as many pieces as fill the SMs once, at most
+    The unsplit grid is batch * ceil(num_heads * q_len / rows) CTAs, one CTA per SM at a time, where rows
+    = facts.rows_for(variant_heads * q_len): the launched variant's compiled head count (default
+    num_heads) decides its rows per CTA (a transposed variant holds up to 32 rows of one request). If that fills the SMs: 1. Otherwise as many pieces as fill the SMs once, at most
     ceil(max_seq_len / tile) // 2 (two tiles per piece: one round of the two math warpgroups) or, for a
     single request, ceil(max_seq_len / tile) (one tile per piece: its combine is small), at most
     HEURISTIC_MAX_SPLITS. When the pieces this gives are short enough for the variant's second kernel
     (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
     """
-    rows = facts.rows_per_cta
-    n = _for_rows(batch, num_heads * q_len, rows, max_seq_len, num_sms, facts.tile_keys)
-    launch_rows = facts.launch_rows(max_seq_len, n)
+    q_rows = (variant_heads or num_heads) * q_len
+    # Rows per request: the launched variant's (masked heads included), or all head groups' together.
+    per_req = max(num_heads, variant_heads or 0) * q_len
+    rows = facts.rows_for(q_rows)
+    n = _for_rows(batch, per_req, rows, max_seq_len, num_sms, facts.tile_keys)
+    launch_rows = facts.launch_rows(max_seq_len, n, q_rows)
     if launch_rows != rows:
-        n = _for_rows(batch, num_heads * q_len, launch_rows, max_seq_len, num_sms, facts.tile_keys)
+        n = _for_rows(batch, per_req, launch_rows, max_seq_len, num_sms, facts.tile_keys)
     return n
 
 
@@ -51,7 +55,8 @@ def choose(lib, num_heads: int, page_size: int, dtype_token: str, batch: int, q_
         split_launches = lib.plan(num_heads, page_size, dtype_token, True)
     except VariantNotCompiledError:
         return lib.plan(num_heads, page_size, dtype_token, False), 1
-    n = num_kv_splits_for(split_launches[0].facts, batch, num_heads, q_len, max_seq_len, num_sms)
+    n = num_kv_splits_for(split_launches[0].facts, batch, num_heads, q_len, max_seq_len, num_sms,
+                          variant_heads=split_launches[0].key[0])
     if n > 1:
         return split_launches, n
     return lib.plan(num_heads, page_size, dtype_token, False), 1

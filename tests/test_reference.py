@@ -131,9 +131,10 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(2, 16, 1, 1024, 132) == 8
     assert _splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
     assert _splits(0, 16, 1, 100, 132) == 1
-    # 16-row blocks for 9..16 heads, 8-row for <= 8 (the transposed kernel path)
-    assert _splits(33, 16, 4, 16384, 132) == 1             # 33 x 4 CTAs fill the GPU
-    assert _splits(1, 8, 8, 16384, 132) == 16              # 8 CTAs -> 16 pieces each
+    # the transposed path holds up to 32 of a request's q_len x num_heads rows per CTA (rows_for)
+    assert _splits(33, 16, 4, 16384, 132) == 2             # 64 rows: 2 CTAs of 32 per request, 66 CTAs
+    assert _splits(1, 8, 8, 16384, 132) == 64              # 64 rows: 2 CTAs -> 66 pieces, capped at 64
+    assert _splits(132, 8, 2, 16384, 132) == 1             # 16 rows: one CTA per request fills the GPU
     assert _splits(1, 32, 2, 16384, 132) == 64             # capped; 256-key pieces: 64-row kernel
     assert _splits(4, 32, 2, 4096, 132) == 32              # 16 pieces of 256 keys for 32-row CTAs
     #   would run the 64-row kernel on 64 CTAs: counted again for 64-row CTAs, 32 pieces (128 CTAs)

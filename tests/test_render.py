@@ -95,6 +95,18 @@ def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
         rows, second, max_keys, tma, second_tma, balanced)
 
 
+@pytest.mark.parametrize("heads, dtype, q_rows, rows", [
+    (8, "bf16", 8, 8), (8, "bf16", 16, 16), (8, "bf16", 24, 32), (8, "fp8_e4m3", 64, 32), (16, "bf16", 16, 16),
+    (16, "bf16", 32, 32), (16, "fp8_e4m3", 48, 32), (32, "bf16", 64, 32), (64, "bf16", 128, 64), (128, "fp8_e4m3", 8, 64),
+])
+def test_q_len_rows_share_a_cta_up_to_the_paths_largest_row_block(heads, dtype, q_rows, rows):
+    """rows_for: a transposed variant takes its row block, twice or four times it (up to 32) so that
+    a request's q_len x num_heads rows share one CTA's read of the keys (config.cuh rows_for)."""
+    f = Variant(heads, 64, dtype, True).facts
+    assert f.rows_for(q_rows) == rows
+    assert f.launch_rows(1 << 20, 1, q_rows) == rows  # long splits: the own kernel's rows
+
+
 def test_policy_values_match_the_kernels_config():
     """codegen's copies of the C++ policy values that the facts depend on; the build's static_assert
     catches a disagreement too, this catches it without nvcc."""
@@ -104,6 +116,7 @@ def test_policy_values_match_the_kernels_config():
                         ("kSt32MinKeys", variant.ST32_MIN_KEYS), ("kFp8ShortSplitKeys", variant.FP8_SHORT_SPLIT_KEYS)):
         assert int(re.search(rf"constexpr int {name} = (\d+);", text).group(1)) == value, name
     assert re.search(r"constexpr bool kUseSt = NUM_HEADS <= (\d+);", text).group(1) == str(variant.ST_MAX_HEADS)
+    assert int(re.search(r"constexpr int kStMaxRows = (\d+);", text).group(1)) == variant.ST_MAX_ROWS
 
 
 def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):

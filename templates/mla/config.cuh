@@ -113,6 +113,19 @@ template <int NUM_HEADS, bool kFp8>
 constexpr bool kUseSt = NUM_HEADS <= 32;
 template <int NUM_HEADS, bool kFp8>
 constexpr int kRowBlock = kUseSt<NUM_HEADS, kFp8> ? (NUM_HEADS <= 8 ? 8 : NUM_HEADS <= 16 ? 16 : 32) : kBlockM;
+// A request's q_len x NUM_HEADS rows share one read of its keys when one CTA holds them: a transposed
+// variant also has kernels of twice and four times its row block, up to kStMaxRows, and a launch takes
+// the smallest that holds q_len x NUM_HEADS rows (rows_for). The 64-row path has one row block.
+constexpr int kStMaxRows = 32;
+template <int NUM_HEADS, bool kFp8>
+constexpr int kMaxRowBlock = kUseSt<NUM_HEADS, kFp8> ? kStMaxRows : kBlockM;
+// The rows per CTA of a launch with q_rows = q_len x NUM_HEADS rows per request, for a variant whose own
+// row block is own_rows and largest max_rows (codegen/variant.py PathFacts.rows_for).
+constexpr int rows_for(int q_rows, int own_rows, int max_rows) {
+  int rows = own_rows;
+  while (rows < q_rows && rows < max_rows) rows *= 2;
+  return rows;
+}
 
 // Whether a kernel of ROWS rows per CTA loads full KV tiles with TMA: the 64-row path with pages of
 // whole 64-token tiles (every split starts at a multiple of kBlockN, so a tile is 64 tokens of one page).
@@ -137,6 +150,7 @@ template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 struct VariantTraits {
   static constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
   static constexpr int kRows = kRowBlock<NUM_HEADS, kFp8>;
+  static constexpr int kMaxRows = kMaxRowBlock<NUM_HEADS, kFp8>;
   static constexpr SecondKernel kSecond = kFp8 && SPLIT && !kUseSt<NUM_HEADS, kFp8> ? SecondKernel::kShortSplit
                                           : !kFp8 && kRows == 32                    ? SecondKernel::kRows64
                                                                                     : SecondKernel::kNone;
@@ -151,7 +165,7 @@ struct VariantTraits {
 
 // The facts codegen renders for one variant (codegen/variant.py PathFacts, in this order).
 template <int ROWS, SecondKernel SECOND, int SECOND_MAX_SPLIT_KEYS, bool TMA, bool SECOND_TMA, bool BALANCED,
-          int TILE_KEYS, int SECOND_ROWS>
+          int TILE_KEYS, int SECOND_ROWS, int MAX_ROWS>
 struct PathFacts {
   static constexpr int kRows = ROWS;
   static constexpr SecondKernel kSecond = SECOND;
@@ -161,6 +175,7 @@ struct PathFacts {
   static constexpr bool kBalanced = BALANCED;
   static constexpr int kTileKeys = TILE_KEYS;
   static constexpr int kSecondRows = SECOND_ROWS;
+  static constexpr int kMaxRows = MAX_ROWS;
 };
 
 // Fails the build, naming the field, where codegen's facts (Facts) and these traits disagree: a rule
@@ -177,6 +192,7 @@ constexpr bool facts_match() {
                 "path facts: balanced_schedule differs between codegen/variant.py and config.cuh");
   static_assert(Facts::kTileKeys == kBlockN, "path facts: tile_keys differs from config.cuh kBlockN");
   static_assert(Facts::kSecondRows == kBlockM, "path facts: second_rows_per_cta differs from config.cuh kBlockM");
+  static_assert(Facts::kMaxRows == Traits::kMaxRows, "path facts: max_rows_per_cta differs between codegen/variant.py and config.cuh");
   return true;
 }
 

@@ -65,8 +65,9 @@ __device__ __forceinline__ const void* kv_map_of(const DecodeParams& p) {
 // SHORT: the short-split instantiation of fp8 split variants on the 64-row path (32-token tiles in
 // four stages; a variant's second kernel, config.cuh SecondKernel::kShortSplit).
 // ROWS: query rows per CTA, which picks the path: kBlockM the 64-row one, 8 / 16 / 32 the transposed
-// one. The variant's own kernel takes kRowBlock; 17..32-head 16-bit variants also have a 64-row
-// kernel (their second kernel, SecondKernel::kRows64).
+// one. The variant's own kernel takes kRowBlock, and transposed variants also have kernels of larger
+// row blocks up to kStMaxRows for q_len > 1 (config.cuh rows_for); 17..32-head 16-bit variants also
+// have a 64-row kernel (their second kernel, SecondKernel::kRows64).
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false, bool SHORT = false,
           int ROWS = kRowBlock<NUM_HEADS, CacheTypes<Cache>::kFp8>>
 __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
@@ -77,9 +78,8 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   using Storage = KernelStorage<Cache, ROWS, SHORT>;
   constexpr bool kSt = ROWS != kBlockM;
   static_assert(!SHORT || (Types::kFp8 && !kSt && SPLIT && !SCHED), "short tiles: fp8 split variants, 64-row path");
-  static_assert(!kSt || ROWS == kRowBlock<NUM_HEADS, Types::kFp8>, "the transposed path: the variant's own row block");
-  static_assert(Storage::kThreads == KernelStorage<Cache, kRowBlock<NUM_HEADS, Types::kFp8>>::kThreads,
-                "one block size per variant");
+  static_assert(!kSt || (ROWS >= kRowBlock<NUM_HEADS, Types::kFp8> && ROWS <= kStMaxRows),
+                "the transposed path: the variant's own row block or a larger one for q_len > 1");
   extern __shared__ char smem_raw[];
   // Aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler still knows
   // every access below is to shared memory (LDS/STS rather than generic LD/ST).

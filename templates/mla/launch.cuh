@@ -45,6 +45,17 @@ inline int64_t max_split_keys(const MlaDecodeArgs& a, int page_size) {
   return (tiles + a.num_kv_splits - 1) / a.num_kv_splits * kBlockN;
 }
 
+// Launches the transposed kernel of ROWS rows per CTA when rows == ROWS, else the next larger one (up
+// to kStMaxRows): the row blocks a transposed variant has (config.cuh rows_for).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, int ROWS>
+cudaError_t launch_st_rows(int rows, const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (ROWS < kStMaxRows) {
+    if (rows > ROWS) return launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, 2 * ROWS>(rows, p, grid, stream);
+  }
+  return launch_decode_kernel<KernelStorage<Cache, ROWS>>(
+      mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, ROWS>, p, grid, stream);
+}
+
 // One variant's launcher. Facts: the variant's path facts as codegen rendered them (config.cuh
 // PathFacts); they must equal the C++ traits, so the Python runtime, which reads the same facts from
 // the manifest, predicts exactly what this launcher does.
@@ -88,7 +99,7 @@ int launch(const MlaDecodeArgs* args) {
   if constexpr (Facts::kSecond != SecondKernel::kNone) {
     second = max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
   }
-  const int rows = second ? Facts::kSecondRows : Facts::kRows;
+  const int rows = second ? Facts::kSecondRows : rows_for(NUM_HEADS * a.q_len, Facts::kRows, Facts::kMaxRows);
   p.num_m_blocks = (NUM_HEADS * a.q_len + rows - 1) / rows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TRACE
@@ -127,6 +138,8 @@ int launch(const MlaDecodeArgs* args) {
   cudaError_t err = cudaSuccess;
   if (second) {
     if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
+  } else if constexpr (Facts::kMaxRows > Facts::kRows) {
+    err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
   } else {
     err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
   }

@@ -1,0 +1,209 @@
+"""Variable q_len per request (the engines' varlen layout: MTP and speculative steps whose draft lengths
+differ): q packed as [total_q_tokens, num_heads, 576] with query_start_loc [batch + 1].
+
+How it runs: the packed queries are scattered into a uniform [batch, max_q_len, num_heads, 576] batch,
+each request's q_len_b tokens at its last q_len_b positions (the first max_q_len - q_len_b are zero
+rows), the uniform kernel runs, and the real rows are gathered back. With the mask causal and
+bottom-right aligned, padded position max_q_len - q_len_b + j sees seq_len - (q_len_b - 1 - j) keys:
+exactly what query j of a request with q_len_b new tokens sees. Both index maps are computed on the
+device from query_start_loc (torch.searchsorted), so nothing is read back to the host and the call can
+be captured in a CUDA graph. The padding costs (max_q_len - q_len_b) x num_heads extra query rows per
+request, which share the request's one read of its keys.
+
+A request with q_len 0 (an empty slot of a padded batch) writes nothing. Tokens past
+query_start_loc[-1] (an engine padding total_q_tokens to a captured size) belong to no request and get
+NaN out and lse; so does a request longer than max_q_len, as a bad seq_len does, and every token when
+query_start_loc is malformed (not starting at 0, decreasing, or ending past total_q_tokens); debug=True
+checks query_start_loc on the host first and raises MLAInputError instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, Q_DTYPES, byte_span, check_no_overlap, check_tensor, \
+    fail, shown
+
+
+def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
+    """(total_q_tokens, num_heads) after checking the varlen arguments; out and lse must not share
+    memory with each other, q, query_start_loc or `inputs` (the caller's other tensors)."""
+    if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
+        fail("max_q_len", f"an int from 1 to {MAX_Q_LEN} (the longest request's q_len this call allows)", shown(max_q_len))
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            fail("q", "a tensor or the pair (q_nope, q_pe)", f"a sequence of {len(q)}")
+        check_tensor("q_nope", q[0], 3, tuple(Q_DTYPES))
+        check_tensor("q_pe", q[1], 3, q[0].dtype, q[0].device)
+        if q[0].shape[-1] != KV_LORA_RANK or q[1].shape[-1] != HEAD_DIM - KV_LORA_RANK or q[0].shape[:2] != q[1].shape[:2]:
+            fail("q", f"q_nope [total_q_tokens, num_heads, {KV_LORA_RANK}] and q_pe [total_q_tokens, num_heads, "
+                      f"{HEAD_DIM - KV_LORA_RANK}]", f"{tuple(q[0].shape)} and {tuple(q[1].shape)}")
+        first = q[0]
+    else:
+        check_tensor("q", q, 3, tuple(Q_DTYPES))
+        if q.shape[-1] != HEAD_DIM:
+            fail("q", f"[total_q_tokens, num_heads, {HEAD_DIM}] (the varlen layout)", f"shape {tuple(q.shape)}")
+        first = q
+    total, heads = first.shape[0], first.shape[1]
+    check_tensor("query_start_loc", query_start_loc, 1, torch.int32, first.device)
+    if query_start_loc.shape[0] < 2:
+        fail("query_start_loc", "[batch + 1] int32 with batch >= 1", f"shape {tuple(query_start_loc.shape)}")
+    if out is not None:
+        check_tensor("out", out, 3, first.dtype, first.device)
+        if tuple(out.shape) != (total, heads, KV_LORA_RANK):
+            fail("out", f"shape {(total, heads, KV_LORA_RANK)} ([total_q_tokens, num_heads, 512])", tuple(out.shape))
+    if lse is not None:
+        check_tensor("lse", lse, 2, torch.float32, first.device)
+        if tuple(lse.shape) != (heads, total):
+            fail("lse", f"shape {(heads, total)} ([num_heads, total_q_tokens])", tuple(lse.shape))
+    given = [(name, t) for name, t in (("out", out), ("lse", lse)) if t is not None]
+    others = [*(q if isinstance(q, (tuple, list)) else (q,)), query_start_loc,
+              *(t for t in inputs if isinstance(t, torch.Tensor))]
+    for i, (name, t) in enumerate(given):
+        check_no_overlap(name, t)
+        span = byte_span(t)
+        for other in others + [u for _, u in given[i + 1:]]:
+            o = byte_span(other) if other.device == t.device else None
+            if span and o and span[0] < o[1] and o[0] < span[1]:
+                fail(name, "memory of its own (it would overwrite an input or the other output)",
+                     "a tensor that shares memory with another argument")
+    return total, heads
+
+
+def _debug_check(query_start_loc: torch.Tensor, total: int, max_q_len: int) -> None:
+    loc = query_start_loc.tolist()
+    q_lens = [b - a for a, b in zip(loc, loc[1:])]
+    if loc[0] != 0 or loc[-1] > total or min(q_lens) < 0 or max(q_lens) > max_q_len:
+        fail("query_start_loc", f"0 = query_start_loc[0] <= ... <= query_start_loc[-1] <= total_q_tokens = {total}, "
+                                f"each request's q_len (the differences) at most max_q_len = {max_q_len}", loc)
+
+
+def padded_index(query_start_loc: torch.Tensor, total_q_tokens: int, max_q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, valid): for each packed token t, its row dst[t] in the padded [batch * max_q_len] layout
+    (request b's q_len_b tokens at its last q_len_b rows), and whether t is valid: query_start_loc is
+    well formed and places t in a request of at most max_q_len tokens (else dst[t] is 0). Device tensors, no host
+    synchronization. query_start_loc: [batch + 1] int32."""
+    loc = query_start_loc.to(torch.int64)
+    t = torch.arange(total_q_tokens, device=loc.device, dtype=torch.int64)
+    batch = loc.shape[0] - 1
+    b = torch.searchsorted(loc[1:].contiguous(), t, right=True)  # requests that end at or before t
+    bc = b.clamp_max(batch - 1)
+    start, q_len = loc[bc], loc[bc + 1] - loc[bc]
+    pos = t - start
+    # A query_start_loc that is not 0 = first <= ... <= last <= total makes every token invalid (no
+    # single request's rows can be trusted then); a request longer than max_q_len only its own, and
+    # tokens past the last request (an engine's padding of total_q_tokens) only themselves.
+    whole = (loc[0] == 0) & (loc[-1] <= total_q_tokens) & (loc[1:] >= loc[:-1]).all()
+    valid = whole & (b < batch) & (pos >= 0) & (pos < q_len) & (q_len <= max_q_len)
+    dst = bc * max_q_len + (max_q_len - q_len) + pos
+    return torch.where(valid, dst, torch.zeros_like(dst)), valid
+
+
+def run_padded(decode, q, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, out=None,
+               lse=None, buffers=None, inputs=()):
+    """The varlen call through `decode(q_pad, seq_lens, out_pad, lse_pad)` (mla_decode, MLADecodePlan.run
+    or the reference, on q_pad [batch, max_q_len, num_heads, 576]; out_pad / lse_pad None, or the
+    uniform outputs to write) on the padded uniform batch (module docstring). buffers: None (q_pad
+    allocated here, the outputs by decode), or (q_pad [>= batch * max_q_len, num_heads, 576], out_pad
+    [>= batch, max_q_len, num_heads, 512], lse_pad [>= batch, num_heads, max_q_len] fp32). Returns (out
+    [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens] fp32). inputs: the call's other
+    tensors (kv_cache, block_table, k_scale), which out and lse must not overlap."""
+    total, heads = _check(q, query_start_loc, max_q_len, out, lse, inputs)
+    first = q[0] if isinstance(q, (tuple, list)) else q
+    batch = query_start_loc.shape[0] - 1
+    check_tensor("seq_lens", seq_lens, 1, torch.int32, first.device)
+    if seq_lens.shape[0] != batch:
+        fail("seq_lens", f"[batch = len(query_start_loc) - 1 = {batch}] int32", f"shape {tuple(seq_lens.shape)}")
+    dst, valid = padded_index(query_start_loc, total, max_q_len)
+    rows = batch * max_q_len
+    if buffers is None:
+        q_pad = torch.zeros(rows, heads, HEAD_DIM, dtype=first.dtype, device=first.device)
+        out_pad = lse_pad = None
+    else:
+        q_pad, out_pad, lse_pad = buffers[0][:rows], buffers[1][:batch], buffers[2][:batch]
+        q_pad.zero_()
+    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
+    # Tokens that are not valid land on row 0 as zeros (dropping them instead would need their count
+    # on the host).
+    q_pad.index_put_((dst,), packed.masked_fill(~valid[:, None, None], 0), accumulate=True)
+    out_pad, lse_pad = decode(q_pad.view(batch, max_q_len, heads, HEAD_DIM), seq_lens, out_pad, lse_pad)
+    # Gathered straight into out / lse (index_select's out=), then the invalid tokens' rows set to NaN
+    # with a Python scalar (no host-to-device copy, so the call stays capturable).
+    flat_out = out_pad.reshape(rows, heads, KV_LORA_RANK)
+    if out is None or out.dtype != flat_out.dtype or not out.is_contiguous():
+        got = flat_out.index_select(0, dst)
+        out = got.to(first.dtype) if out is None else out.copy_(got)
+    else:
+        torch.index_select(flat_out, 0, dst, out=out)
+    out.masked_fill_(~valid[:, None, None], float("nan"))
+    got_lse = lse_pad.float().transpose(0, 1).reshape(heads, rows).index_select(1, dst)  # [heads, total]: small
+    lse = got_lse if lse is None else lse.copy_(got_lse)
+    lse.masked_fill_(~valid[None, :], float("nan"))
+    return out, lse
+
+
+def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                      softmax_scale: float, *, query_start_loc: torch.Tensor, max_q_len: int,
+                      num_kv_splits: int | None = None, max_seq_len: int | None = None,
+                      out: torch.Tensor | None = None, lse: torch.Tensor | None = None, k_scale=None,
+                      debug: bool = False):
+    """One MLA decode step with a different q_len per request (the varlen layout).
+
+    Args:
+      q: [total_q_tokens, num_heads, 576] bf16/fp16, request b's tokens at rows query_start_loc[b] ..
+        query_start_loc[b + 1] - 1 in order; or the pair (q_nope [..., 512], q_pe [..., 64]).
+      kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, max_seq_len, k_scale: as in
+        :func:`mla_variants.mla_decode` (seq_lens counts each request's keys including its new tokens).
+      query_start_loc: [batch + 1] int32 on q's device, query_start_loc[0] = 0, non-decreasing, the last
+        entry total_q_tokens; request b's q_len is query_start_loc[b + 1] - query_start_loc[b] (0 is
+        legal: the request writes nothing).
+      max_q_len: 1..8, at least every request's q_len (fixed per plan, as engines size their steps);
+        each request's query j of q_len_b sees its first seq_len - (q_len_b - 1 - j) keys (causal,
+        bottom-right aligned per request).
+      out: optional [total_q_tokens, num_heads, 512] in q's dtype; lse: optional [num_heads,
+        total_q_tokens] fp32 (natural log).
+      debug: check query_start_loc on the host first (one synchronization) and raise MLAInputError
+        for a malformed one; without it, tokens it does not place get NaN rows.
+    Returns (out, lse) as above. Raises what mla_decode raises, and MLAInputError naming query_start_loc,
+    max_q_len, q, out or lse for a malformed varlen argument.
+    Math: as mla_decode per request (softmax attention over the request's cached latent rows).
+    """
+    from .api import mla_decode
+
+    if debug is not False and debug is not True:
+        fail("debug", "a bool", shown(debug))
+    inputs = (kv_cache, block_table, seq_lens, k_scale)
+    total, _ = _check(q, query_start_loc, max_q_len, out, lse, inputs)
+    if debug:
+        _debug_check(query_start_loc, total, max_q_len)
+
+    def decode(q_pad, seq_lens, _out, _lse):
+        return mla_decode(q_pad, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits=num_kv_splits,
+                          max_seq_len=max_seq_len, k_scale=k_scale, debug=debug)
+    return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse, inputs=inputs)
+
+
+def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                                softmax_scale: float, *, query_start_loc: torch.Tensor,
+                                dtype: torch.dtype = torch.float32, k_scale=None):
+    """The fp32 reference of :func:`mla_decode_varlen`, one request at a time (mla_decode_reference on
+    request b's q_len_b tokens), on any device. Returns (out [total_q_tokens, num_heads, 512], lse
+    [num_heads, total_q_tokens]) in `dtype`. Raises ValueError for a malformed query_start_loc."""
+    from .reference import mla_decode_reference
+
+    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
+    loc = query_start_loc.tolist()
+    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])) \
+            or seq_lens.shape[0] != len(loc) - 1 or block_table.shape[0] != len(loc) - 1:
+        raise ValueError(f"query_start_loc: expected [batch + 1 = {seq_lens.shape[0] + 1}] entries, 0 = first <= ... "
+                         f"<= last <= {packed.shape[0]}, got {loc}")
+    total, heads = packed.shape[:2]
+    out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
+    lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
+    for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
+        if hi == lo:
+            continue
+        o, l = mla_decode_reference(packed[lo:hi][None], kv_cache, block_table[b:b + 1], seq_lens[b:b + 1],
+                                    softmax_scale, dtype=dtype, k_scale=k_scale)
+        out[lo:hi] = o[0]
+        lse[:, lo:hi] = l[0]
+    return out, lse

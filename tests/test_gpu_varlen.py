@@ -1,0 +1,96 @@
+"""mla_decode_varlen on the GPU against the per-request fp32 reference: NaN-prefilled outputs, NaN in
+unused cache slots, permuted block tables, q_len 0..max per request, forced splits, fp8 caches, and a
+CUDA graph captured once and replayed with other query_start_loc and seq_lens."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from mla_variants import mla_decode_varlen, mla_decode_varlen_reference  # noqa: E402
+from mla_variants.testing import FP8_TOLERANCE, capture_graph, compare, make_paged_case  # noqa: E402
+
+
+def _case(seq_lens, q_lens, heads, page, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    case = make_paged_case(seq_lens, heads, page, max(q_lens), dtype, generator=g)
+    q = torch.cat([case.q[b, : q_lens[b]] for b in range(len(q_lens))])
+    loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return case, q, loc
+
+
+def _check(case, q, loc, out, lse):
+    ref = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                      query_start_loc=loc, k_scale=case.k_scale)
+    tol = FP8_TOLERANCE if case.k_scale is not None else {}
+    return compare(out[None].cpu(), lse[None].cpu(), ref[0][None].cpu(), ref[1][None].cpu(), **tol)
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("page", [1, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_varlen_against_reference(heads, page, dtype):
+    q_lens, seq_lens = [2, 0, 1, 4, 3, 4, 1], [1500, 0, 1, 3, 700, 4100, 65]
+    case, q, loc = _case(seq_lens, q_lens, heads, page, dtype, heads + page)
+    for splits in (None, 1, 7):
+        out = torch.full((q.shape[0], heads, 512), float("nan"), dtype=q.dtype, device="cuda")
+        lse = torch.full((heads, q.shape[0]), float("nan"), device="cuda")
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                          max_q_len=4, num_kv_splits=splits, out=out, lse=lse, k_scale=case.k_scale)
+        problems = _check(case, q, loc, out, lse)
+        assert not problems, f"{heads} heads page {page} {dtype} splits {splits}: {problems}"
+
+
+def test_a_captured_graph_follows_query_start_loc_and_seq_lens():
+    case, q, loc = _case([900, 40, 300], [1, 3, 2], 16, 16, torch.bfloat16, 7)
+    out = torch.full((6, 16, 512), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((16, 6), float("nan"), device="cuda")
+    graph = capture_graph(lambda: mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens,
+                                                    case.softmax_scale, query_start_loc=loc, max_q_len=4,
+                                                    out=out, lse=lse))
+    for new_loc, new_lens in (([0, 1, 4, 6], [900, 40, 300]), ([0, 4, 4, 6], [800, 0, 290]), ([0, 2, 3, 6], [5, 39, 1])):
+        loc.copy_(torch.tensor(new_loc, dtype=torch.int32))
+        case.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not _check(case, q, loc, out, lse), f"replay with query_start_loc {new_loc}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_plan_run_varlen_and_its_graph(dtype):
+    from mla_variants import MLADecodePlan
+    case, q, loc = _case([900, 0, 300, 77], [1, 0, 4, 2], 16, 64, dtype, 11)
+    kv_dtype = dtype if dtype == torch.float8_e4m3fn else None
+    plan = MLADecodePlan(8, 16, 64, q_len=4, dtype=torch.bfloat16, kv_dtype=kv_dtype, max_seq_len=4096)
+    out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((16, q.shape[0]), float("nan"), device="cuda")
+
+    def step():
+        plan.run_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                        out=out, lse=lse, k_scale=case.k_scale)
+    step()
+    torch.cuda.synchronize()
+    assert not _check(case, q, loc, out, lse)
+    graph = capture_graph(step)
+    loc.copy_(torch.tensor([0, 3, 3, 6, 7], dtype=torch.int32))
+    case.seq_lens.copy_(torch.tensor([850, 0, 5, 3], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not _check(case, q, loc, out, lse)
+
+
+def test_varlen_op_compiles_fullgraph_and_passes_opcheck():
+    import mla_variants.ops  # noqa: F401
+    case, q, loc = _case([900, 40, 300], [1, 3, 2], 16, 64, torch.bfloat16, 5)
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, kv, bt, sl, loc):
+            out, lse = torch.ops.mla_variants.mla_decode_varlen(q[..., :512], q[..., 512:], kv, bt, sl, loc, 4,
+                                                                 case.softmax_scale, 0)
+            return out * 2, lse
+
+    out, lse = torch.compile(Attn(), fullgraph=True)(q, case.kv_cache, case.block_table, case.seq_lens, loc)
+    assert not _check(case, q, loc, out / 2, lse)
+    args = (q[..., :512], q[..., 512:], case.kv_cache, case.block_table, case.seq_lens, loc, 4, case.softmax_scale, 3)
+    torch.library.opcheck(torch.ops.mla_variants.mla_decode_varlen.default, args)
