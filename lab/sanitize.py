@@ -5,6 +5,7 @@ change done (with the GPU tests and the benchmark).
     python lab/sanitize.py [-j 8]              # memcheck, racecheck and synccheck, each call in its own process
     python lab/sanitize.py --tools racecheck   # one tool
     python lab/sanitize.py --calls [--only N]  # just run the calls (what compute-sanitizer wraps)
+    python lab/sanitize.py --calls --repeat 2000  # each call 2000 times: results must be bitwise identical
 
 Needs a build with the variants below (the default `mla-variants build`; a call whose variant is not
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
@@ -51,7 +52,7 @@ CALLS = [
 ]
 
 
-def run_calls(only: int | None) -> int:
+def run_calls(only: int | None, repeat: int = 1) -> int:
     import torch
 
     from mla_variants import MLADecodePlan, VariantNotCompiledError, mla_decode, mla_decode_reference
@@ -71,10 +72,16 @@ def run_calls(only: int | None) -> int:
             if extra == "balanced":
                 plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True)
                 plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
-                plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+
+                def launch():
+                    plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                             out=out, lse=lse)
             else:
-                mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                           num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if extra == "short" else None, **kw)
+                def launch():
+                    mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                               num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if extra == "short" else None,
+                               **kw)
+            launch()
             torch.cuda.synchronize()
         except VariantNotCompiledError as e:
             print(f"[{i}] {name}: skipped, not built ({str(e).split('.')[0]})", flush=True)
@@ -82,14 +89,27 @@ def run_calls(only: int | None) -> int:
         ref = mla_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_table.cpu(), case.seq_lens.cpu(),
                                    case.softmax_scale, **kw)
         problems = compare(out.cpu(), lse.cpu(), *ref, **(FP8_TOLERANCE if dt == "fp8" else {}))
+        if repeat > 1:
+            # A real shared-memory race shows as run-to-run variation: every launch must give the same bits.
+            first_out, first_lse = out.clone(), lse.clone()
+            differ = 0
+            for _ in range(repeat - 1):
+                out.fill_(float("nan"))
+                lse.fill_(float("nan"))
+                launch()
+                same = (out.view(torch.int16) == first_out.view(torch.int16)).all() and \
+                    (lse.view(torch.int32) == first_lse.view(torch.int32)).all()
+                differ += int(not bool(same))
+            if differ:
+                problems = (problems or []) + [f"{differ} of {repeat - 1} repeats differ bitwise from the first"]
         failed += bool(problems)
         print(f"[{i}] {name}: {'ok' if not problems else problems}", flush=True)
     return 1 if failed else 0
 
 
-def _one(tool: str, only: int | None, env: dict) -> tuple[str, bool, str]:
+def _one(tool: str, only: int | None, env: dict, extra: list[str]) -> tuple[str, bool, str]:
     """compute-sanitizer `tool` over the calls (or call `only`): (its summary, clean?, the report)."""
-    cmd = ["compute-sanitizer", f"--tool={tool}", "--print-limit=200"]
+    cmd = ["compute-sanitizer", f"--tool={tool}", "--print-limit=200"] + extra
     if tool == "racecheck":
         cmd += ["--racecheck-report=hazard"]
     cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
@@ -111,7 +131,7 @@ def _sites(text: str) -> list[str]:
     return [f"{n} x {k}" for k, n in sorted(pairs.items(), key=lambda kv: -kv[1])]
 
 
-def sanitize(tools: list[str], only: int | None, jobs: int) -> int:
+def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (), full: str | None = None) -> int:
     """Each tool over each call in its own process (`jobs` at a time): a summary line per call."""
     import concurrent.futures
 
@@ -120,10 +140,13 @@ def sanitize(tools: list[str], only: int | None, jobs: int) -> int:
     worst = 0
     for tool in tools:
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            results = pool.map(lambda i: _one(tool, i, env), calls)  # printed as they come, in order
+            results = pool.map(lambda i: _one(tool, i, env, list(extra)), calls)  # printed as they come, in order
             for i, (summary, clean, text) in zip(calls, results):
                 worst = max(worst, int(not clean))
                 print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
+                if full and not clean:
+                    Path(full).mkdir(parents=True, exist_ok=True)
+                    (Path(full) / f"{tool}-{i}.txt").write_text(text)
                 if not clean:
                     sites = _sites(text)
                     print("\n".join(f"    {line}" for line in sites[:8]) if sites else text[-3000:], flush=True)
@@ -135,11 +158,15 @@ def main() -> int:
     ap.add_argument("--calls", action="store_true", help="run the calls only (under compute-sanitizer)")
     ap.add_argument("--only", type=int, default=None, help="run call N only")
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
+    ap.add_argument("--sanitizer-args", default="", help="extra compute-sanitizer options (space-separated)")
+    ap.add_argument("--full-reports", default=None, help="write each unclean call's whole report into this folder")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --calls: launch each call N times and require bitwise identical results")
     ap.add_argument("-j", "--jobs", type=int, default=8, help="sanitizer processes at a time (one call each)")
     args = ap.parse_args()
     if args.calls:
-        return run_calls(args.only)
-    return sanitize(args.tools.split(","), args.only, args.jobs)
+        return run_calls(args.only, args.repeat)
+    return sanitize(args.tools.split(","), args.only, args.jobs, args.sanitizer_args.split(), args.full_reports)
 
 
 if __name__ == "__main__":
