@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 14); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -28,6 +28,11 @@
 //          CTAs reuse the shared memory of earlier ones, as a decode grid larger than the SM count does;
 //       11 as 10, and CTA b first meets b % 3 extra times at bar.sync 1, 256 (CTAs of one grid cross
 //          their barriers a different number of times, as decode CTAs with 0, 1 or 2 tiles do).
+//       12 the seesaw's loop (consume_two_stage's row_max hand-over): for 8 tiles, warpgroup 0 writes A
+//          and bar.arrive 1, 256; warpgroup 1 bar.sync 1, 256, reads A, writes B and bar.arrive 3, 256;
+//          warpgroup 0 bar.sync 3, 256 and reads B. Every access is ordered by one barrier generation;
+//       13 as 12 in 1024 CTAs (200 KB of shared memory each) with 4 + b % 3 tiles in CTA b;
+//       14 as 12 with bar.sync on both sides (the control).
 #include <cstdio>
 #include <cstdlib>
 
@@ -90,13 +95,56 @@ __global__ void __launch_bounds__(384, 1) hand_over(int* out, int mode, int wg_b
   if (m >= 128) out[blockIdx.x * 128 + m - 128] = buf[m - 128] - int(blockIdx.x);  // warpgroup 1 reads
 }
 
+// Modes 12-14: out[cta * 128 + m] counts the wrong values math thread m read (0 when ordered), plus 3m + 1.
+__global__ void __launch_bounds__(384, 1) seesaw(int* out, int mode) {
+  __shared__ int a[128], b[128];
+  const int m = int(threadIdx.x) - 128;
+  if (m < 0) return;  // the producer warpgroup is done
+  const int tiles = mode == 13 ? 4 + int(blockIdx.x % 3) : 8;
+  const int k = m % 128;
+  int wrong = 0;
+  for (int i = 0; i < tiles; ++i) {
+    if (m < 128) {
+      a[k] = 7 * i + k;
+      if (mode == 14) {
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");
+      } else {
+        asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");
+      }
+      wrong += b[k] != 5 * i + k;
+    } else {
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      wrong += a[k] != 7 * i + k;
+      b[k] = 5 * i + k;
+      if (mode == 14) {
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");
+      } else {
+        asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+      }
+    }
+  }
+  __shared__ int wrong1[128];
+  if (m >= 128) wrong1[k] = wrong;
+  asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  if (m < 128) out[blockIdx.x * 128 + k] = 3 * k + 1 + wrong + wrong1[k];
+}
+
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
-  const int ctas = mode >= 10 ? 1024 : 1, smem = mode >= 10 ? 200 * 1024 : 0;
+  const int ctas = mode == 10 || mode == 11 || mode == 13 ? 1024 : 1;
+  const int smem = ctas > 1 ? 200 * 1024 : 0;
   int* out = nullptr;
   cudaMalloc(&out, ctas * 128 * sizeof(int));
-  cudaFuncSetAttribute(hand_over, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  hand_over<<<ctas, 384, smem>>>(out, mode, 9);
+  cudaMemset(out, 0, ctas * 128 * sizeof(int));
+  if (mode >= 12) {
+    cudaFuncSetAttribute(seesaw, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    seesaw<<<ctas, 384, smem>>>(out, mode);
+  } else {
+    cudaFuncSetAttribute(hand_over, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    hand_over<<<ctas, 384, smem>>>(out, mode, 9);
+  }
   static int host[1024 * 128];
   cudaMemcpy(host, out, ctas * 128 * sizeof(int), cudaMemcpyDeviceToHost);
   const cudaError_t err = cudaDeviceSynchronize();

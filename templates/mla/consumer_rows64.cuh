@@ -158,6 +158,14 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
   };
   float alpha[2], m_sub[2], m_new[2];
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
+  // Ordering of the shared hand-overs below (racecheck reports some as hazards; docs/performance.md,
+  // "Correctness", says what was checked):
+  // - row_max[0]: written by warpgroup 0, bar.arrive kBarMaxA; read by warpgroup 1 after bar.sync
+  //   kBarMaxA. Warpgroup 0 writes it again only after bar.sync kBarMaxPB, which warpgroup 1 arrives at
+  //   after its read. row_max[1] is the mirror image (kBarMaxPB, then kBarMaxA of the next pair).
+  // - P in a stage's RoPE slot: every thread's stores, then bar.sync kBarOwnP + wg over its warpgroup
+  //   (and bar.arrive kBarPA for warpgroup 1), then lane 0's mbarrier arrive on the slot's empty barrier
+  //   (release), then the producer's wait on it (acquire) before its next copy into the slot.
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
     const int sa = (2 * i) % kRing, sb = sa + 1;   // the stages of tiles a = 2i and b = 2i + 1
@@ -325,6 +333,8 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cac
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
     if (lane % 4 == 0) s.row_sum[buf][wg][row0 + 8 * r] = l_run[r];
   }
+  // row_sum[buf]: written above, read below after bar.sync kBarEnd over both warpgroups; written again
+  // two pieces later, past the next piece's kBarEnd, which both cross after these reads.
   math_barrier(kBarEnd);
   if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceMerged);
   float inv_sum[2], lse[2];

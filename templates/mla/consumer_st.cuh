@@ -281,6 +281,12 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
                                          bool bad_len) {
   constexpr int kCols = kRows / 4;
   const int wg = c.wg;
+  // Ordering (racecheck reports some of these as hazards; docs/performance.md, "Correctness"): every
+  // hand-over of col_stat / wg_max / o_x / row_out between warpgroups crosses a bar.sync kBarStMerge
+  // over all math threads: the statistics before the factors, each warpgroup's O^T pass before the
+  // next one's, row_out and the last pass before the store (the barrier at the end here, or the
+  // epilogue's). The passes skipped for warpgroups without a tile skip their barrier in every thread
+  // (num_tiles is the same for the whole CTA).
   st_publish_stats(s, c, m_run, l_run, wg);
   math_barrier<128 * Storage::kMathWgs>(kBarStMerge);
   float f[kCols];  // this warpgroup's factor per column
