@@ -102,12 +102,16 @@ def cached_generated_dir(variant) -> Path | None:
     return folder / "generated" if (folder / "generated" / "manifest.json").is_file() else None
 
 
+_SHELL_CHARS = "$`\"'\\"
+
+
 def build_variant(variant, echo=print, jobs: int | None = None) -> Path:
     """The generated/ folder (with manifest.json) of `variant` in the cache, built first if there is no
     complete, undamaged entry (cached_generated_dir): renders and compiles the variant alone (its units,
     the library exports and the schedule kernel) with the shipped variants.yaml's dims and arch. `echo`
     gets one line when a build starts. Raises codegen.build.BuildError (no nvcc, a compile error, a
-    spill), OSError (a cache folder that cannot be written) or filelock.Timeout."""
+    spill, a cache folder that cannot be written or whose path holds shell characters) or
+    filelock.Timeout."""
     import filelock
 
     from .build import LIBRARY_NAME, build
@@ -117,10 +121,24 @@ def build_variant(variant, echo=print, jobs: int | None = None) -> Path:
     got = cached_generated_dir(variant)
     if got is not None:
         return got
+    from .build import BuildError
+
     folder = variant_dir(variant)
     gen, bdir = folder / "generated", folder / "build"
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(folder) + ".lock", timeout=_BUILD_LOCK_TIMEOUT_S):
+    where = "the cache folder ($MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else ~/.cache/mla-variants)"
+    odd = sorted(set(str(folder)) & set(_SHELL_CHARS))
+    if odd:  # nvcc hands the host compile's paths to a shell
+        raise BuildError(f"{where} is {cache_dir()}, whose path holds {' '.join(odd)}, which nvcc's host compile "
+                         "would expand; choose a folder without them")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(folder) + ".lock", timeout=_BUILD_LOCK_TIMEOUT_S)
+        with lock:  # the lock file can be made: the folder is writable
+            pass
+    except OSError as e:
+        raise BuildError(f"{where} is {cache_dir()}, which cannot be written ({e.strerror or e}: {e.filename or folder}); "
+                         "point MLA_VARIANTS_CACHE at a writable folder") from e
+    with lock:
         got = cached_generated_dir(variant)  # another process built it while this one waited
         if got is not None:
             return got

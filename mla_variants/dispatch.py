@@ -49,6 +49,13 @@ def _nearest(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, 
 
 
 def _missing(table: dict[Key, str], num_heads: int, page_size: int, dtype: str, split: bool, why: str) -> VariantNotCompiledError:
+    from codegen.config import MAX_PAGE_SIZE
+    if why == "page_size" and isinstance(page_size, int) and page_size > MAX_PAGE_SIZE:
+        return VariantNotCompiledError(
+            f"no MLA decode variant can have page_size={page_size}: variants.yaml takes page sizes up to "
+            f"{MAX_PAGE_SIZE}. Nearest compiled: {_nearest(table, num_heads, page_size, dtype, split)}. Use pages of "
+            f"at most {MAX_PAGE_SIZE} tokens (the cache's [num_pages, page_size, 576] layout and block_table follow).",
+            (num_heads, page_size, dtype, split))
     axis_fix = {
         "page_size": f"add {page_size} to axes.page_size",
         "dtype": f"add {dtype} to axes.dtype",

@@ -70,18 +70,19 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     12.8+) and the nvidia-cutlass headers, not a GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
     ~/.cache/mla-variants. Works whatever MLA_VARIANTS_JIT says.
 
-    Raises ValueError for a variant outside those bounds and codegen.build.BuildError when it cannot be
-    built (no nvcc, a compile error).
+    Raises MLAInputError (a ValueError) for a variant outside those bounds and codegen.build.BuildError
+    when it cannot be built (no nvcc, a compile error, a cache folder that cannot be written).
     """
     from codegen.config import MAX_NUM_HEADS, MAX_PAGE_SIZE
+    from .validation import MLAInputError
     from codegen.variant import DTYPES
     for name, v, hi in (("num_heads", num_heads, MAX_NUM_HEADS), ("page_size", page_size, MAX_PAGE_SIZE)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-            raise ValueError(f"{name}: expected an int from 1 to {hi}, got {v!r}")
+            raise MLAInputError(f"{name}: expected an int from 1 to {hi}, got {v!r}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(sorted(DTYPES))} (a variants.yaml dtype token), got {dtype!r}")
+        raise MLAInputError(f"dtype: expected one of {', '.join(sorted(DTYPES))} (a variants.yaml dtype token), got {dtype!r}")
     if not isinstance(split, bool):
-        raise ValueError(f"split: expected a bool, got {split!r}")
+        raise MLAInputError(f"split: expected a bool, got {split!r}")
     from . import _binding
     key = (num_heads, page_size, dtype, split)
     aot = _binding.generated_dir()

@@ -25,7 +25,7 @@ import torch
 from .api import mla_decode as _mla_decode
 from .varlen import mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
-from .validation import KV_LORA_RANK, fail, shown
+from .validation import KV_LORA_RANK, MAX_Q_LEN, fail, shown
 
 
 def _tensor_scale(k_scale) -> None:
@@ -35,11 +35,13 @@ def _tensor_scale(k_scale) -> None:
 
 
 def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:
-    """What tracing can check without data: q's shapes, and k_scale given exactly for fp8 caches."""
+    """What tracing can check without data: q's shapes and dtypes, and k_scale given exactly for fp8 caches."""
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
         fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
               f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+    if q_nope.dtype not in (torch.bfloat16, torch.float16) or q_pe.dtype is not q_nope.dtype:
+        fail("q_nope/q_pe", "one dtype, bf16 or fp16", f"{q_nope.dtype} and {q_pe.dtype}")
     if (kv_cache.dtype is FP8_DTYPE) != (k_scale is not None):
         fail("k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16",
               f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
@@ -109,6 +111,10 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len,
         fail("q_nope/q_pe", "shapes [total_q_tokens, num_heads, 512] and [total_q_tokens, num_heads, 64]",
              f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
     _fake_check(q_nope[None], q_pe[None], kv_cache, k_scale)
+    if query_start_loc.dim() != 1 or query_start_loc.dtype is not torch.int32:
+        fail("query_start_loc", "a 1-d int32 tensor [batch + 1]", f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
+    if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
+        fail("max_q_len", f"an int from 1 to {MAX_Q_LEN}", max_q_len)
     total, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((total, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((num_heads, total), dtype=torch.float32))

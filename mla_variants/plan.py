@@ -262,8 +262,9 @@ class MLADecodePlan:
         if query_start_loc is not None and isinstance(query_start_loc, torch.Tensor) and query_start_loc.dim() == 1 \
                 and query_start_loc.shape[0] - 1 > self.max_batch:
             fail("query_start_loc", f"at most max_batch + 1 = {self.max_batch + 1} entries", query_start_loc.shape[0])
+        # out and lse must not share memory with anything the step reads or the plan writes.
         return run_padded(decode, q, seq_lens, query_start_loc, self.q_len, out, lse, self._varlen_buffers,
-                          inputs=(kv_cache, block_table, k_scale))
+                          inputs=(kv_cache, block_table, seq_lens, k_scale, self.workspace, *self._varlen_buffers))
 
     def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
              *, out: torch.Tensor, lse: torch.Tensor, k_scale=None) -> "BoundDecode":

@@ -37,8 +37,13 @@ def fail(arg: str, expected: str, got) -> None:
 
 
 def shown(v) -> str:
-    """repr(v) for an error message; an int too long for repr (Python refuses ints of more than 4300
-    digits as text) is shown by its size, so the caller still gets MLAInputError, not ValueError."""
+    """repr(v) for an error message; a tensor (also inside a tuple or list) by its dtype, shape and
+    device; an int too long for repr (Python refuses ints of more than 4300 digits as text) by its size,
+    so the caller still gets MLAInputError, not ValueError."""
+    if isinstance(v, torch.Tensor):  # its kind, not its values
+        return f"a {v.dtype} tensor of shape {tuple(v.shape)} on {v.device}"
+    if isinstance(v, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in v):
+        return f"a {type(v).__name__} of {', '.join(shown(t) for t in v)}"
     try:
         return repr(v)
     except ValueError:

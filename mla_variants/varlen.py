@@ -187,23 +187,41 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
                                 dtype: torch.dtype = torch.float32, k_scale=None):
     """The fp32 reference of :func:`mla_decode_varlen`, one request at a time (mla_decode_reference on
     request b's q_len_b tokens), on any device. Returns (out [total_q_tokens, num_heads, 512], lse
-    [num_heads, total_q_tokens]) in `dtype`. Raises ValueError for a malformed query_start_loc."""
+    [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
+    query_start_loc, or seq_lens / block_table without one row per request, and what
+    mla_decode_reference raises (naming request b's entries)."""
     from .reference import mla_decode_reference
 
-    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q) or q[0].dim() != 3 or q[1].dim() != 3 \
+                or q[0].shape[:2] != q[1].shape[:2]:
+            fail("q", "a tensor [total_q_tokens, num_heads, 576] or the pair ([total_q_tokens, num_heads, 512], "
+                      "[total_q_tokens, num_heads, 64])", shown(q))
+        packed = torch.cat([q[0], q[1]], dim=-1)
+    else:
+        packed = q
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
+        fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
+    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point():
+        fail("query_start_loc", "a 1-d integer tensor [batch + 1]", shown(query_start_loc))
+    for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
+            fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))
     loc = query_start_loc.tolist()
-    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])) \
-            or seq_lens.shape[0] != len(loc) - 1 or block_table.shape[0] != len(loc) - 1:
-        raise ValueError(f"query_start_loc: expected [batch + 1 = {seq_lens.shape[0] + 1}] entries, 0 = first <= ... "
-                         f"<= last <= {packed.shape[0]}, got {loc}")
+    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
+        fail("query_start_loc", f"at least 2 entries, 0 = first <= ... <= last <= total_q_tokens = {packed.shape[0]}", loc)
     total, heads = packed.shape[:2]
     out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
     lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
     for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
         if hi == lo:
             continue
-        o, l = mla_decode_reference(packed[lo:hi][None], kv_cache, block_table[b:b + 1], seq_lens[b:b + 1],
-                                    softmax_scale, dtype=dtype, k_scale=k_scale)
+        try:
+            o, l = mla_decode_reference(packed[lo:hi][None], kv_cache, block_table[b:b + 1], seq_lens[b:b + 1],
+                                        softmax_scale, dtype=dtype, k_scale=k_scale)
+        except ValueError as e:  # the reference saw request b alone, as request 0: name it as b
+            msg = str(e).replace("seq_lens[0]", f"seq_lens[{b}]").replace("block_table[0", f"block_table[{b}")
+            raise type(e)(msg) from e
         out[lo:hi] = o[0]
         lse[:, lo:hi] = l[0]
     return out, lse

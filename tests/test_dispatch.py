@@ -143,3 +143,10 @@ def test_missing_variant_error_carries_the_request():
     with pytest.raises(VariantNotCompiledError) as e:
         plan_launches({(16, 64, "bf16", False): "x"}, 16, 1, "bf16", False)
     assert e.value.request == (16, 1, "bf16", False)
+
+
+def test_a_page_size_above_the_limit_says_so_instead_of_suggesting_a_build():
+    with pytest.raises(VariantNotCompiledError, match="no MLA decode variant can have page_size=2048: variants.yaml "
+                                                      "takes page sizes up to 1024") as e:
+        plan_launches(TABLE, 16, 2048, "bf16", True)
+    assert "ensure_variant" not in str(e.value)

@@ -6,7 +6,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-from mla_variants import mla_decode_varlen, mla_decode_varlen_reference  # noqa: E402
+from mla_variants import MLAInputError, mla_decode_varlen, mla_decode_varlen_reference  # noqa: E402
 from mla_variants.testing import FP8_TOLERANCE, capture_graph, compare, make_paged_case  # noqa: E402
 
 
@@ -78,6 +78,20 @@ def test_plan_run_varlen_and_its_graph(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert not _check(case, q, loc, out, lse)
+
+
+def test_plan_run_varlen_refuses_an_out_that_shares_memory_with_seq_lens():
+    from mla_variants import MLADecodePlan
+    case, q, loc = _case([40, 50, 60], [1, 1, 1], 8, 16, torch.bfloat16, 3)
+    plan = MLADecodePlan(4, 8, 16, q_len=2, dtype=torch.bfloat16, max_seq_len=64)
+    buf = torch.zeros(q.shape[0] * 8 * 512 * 2, dtype=torch.uint8, device="cuda")
+    out = buf.view(torch.bfloat16).view(q.shape[0], 8, 512)
+    lens = buf[:12].view(torch.int32)
+    lens.copy_(case.seq_lens)
+    with pytest.raises(MLAInputError, match="^out: "):
+        plan.run_varlen(q, case.kv_cache, case.block_table, lens, case.softmax_scale, query_start_loc=loc, out=out,
+                        lse=torch.empty(8, q.shape[0], device="cuda"))
+    assert lens.tolist() == case.seq_lens.tolist()
 
 
 def test_varlen_op_compiles_fullgraph_and_passes_opcheck():

@@ -234,6 +234,9 @@ def test_argument_errors():
         enable_mla_decode(model, max_batch=1, max_seq_len=8, kv_dtype="fp8_e4m3", k_scale=[0.1])
     with pytest.raises(MLAInputError, match="page_size: expected an int"):
         enable_mla_decode(model, max_batch=1, max_seq_len=8, page_size=0)
+    for bad in (1e39, 1e-45, 3e38):  # outside what mla_decode takes: refused here, not mid-generation
+        with pytest.raises(MLAInputError, match="k_scale: expected None, a float in"):
+            enable_mla_decode(model, max_batch=1, max_seq_len=8, kv_dtype="fp8_e4m3", k_scale=bad)
     with enable_mla_decode(model, max_batch=2, max_seq_len=8) as handle:
         with pytest.raises(RuntimeError, match="call prefill"):
             handle.decode(torch.ones(1, 1, dtype=torch.long))

@@ -184,3 +184,16 @@ def test_jit_off_runs_on_a_larger_head_count(jit_cache, tmp_path, monkeypatch):
     lib.plan(24, 16, "bf16", True)
     monkeypatch.setenv("MLA_VARIANTS_JIT", "0")
     assert [(l.symbol, l.num_heads) for l in lib.plan(20, 16, "bf16", True)] == [(Variant(*V24).name, 20)]
+
+
+def test_a_cache_folder_that_cannot_be_used_is_a_build_error_naming_it(monkeypatch, tmp_path):
+    """Checked before anything compiles: a cache path that is a file, and one that nvcc's host-compile
+    shell would expand."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", str(afile))
+    with pytest.raises(BuildError, match="MLA_VARIANTS_CACHE.*cannot be written"):
+        ensure_variant(16, 3, "bf16", True)
+    monkeypatch.setenv("MLA_VARIANTS_CACHE", str(tmp_path / "$HOME" / "x"))
+    with pytest.raises(BuildError, match="holds \\$"):
+        ensure_variant(16, 3, "bf16", True)

@@ -142,3 +142,26 @@ def test_the_varlen_op_has_shapes_for_tracing():
     assert out.shape == (7, 16, 512) and out.dtype == torch.bfloat16 and lse.shape == (16, 7) and lse.dtype == torch.float32
     with pytest.raises(MLAInputError, match="^q_nope/q_pe: expected shapes \\[total_q_tokens"):
         torch.ops.mla_variants.mla_decode_varlen(args[0][None], args[1][None], *args[2:], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^max_q_len: expected an int from 1 to 8, got 9"):
+        torch.ops.mla_variants.mla_decode_varlen(*args, 9, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d int32 tensor"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5].long(), 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^q_nope/q_pe: expected one dtype"):
+        torch.ops.mla_variants.mla_decode_varlen(args[0], args[1].half(), *args[2:], 4, 0.1, 0)
+
+
+def test_the_reference_names_the_request_and_the_argument():
+    from mla_variants import mla_decode_varlen_reference
+    case = make_paged_case([40, 50, 60], 8, 16, 1, torch.bfloat16, device="cpu")
+    q, loc = case.q[:, 0], torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    lens = case.seq_lens.clone()
+    lens[2] = 10**6
+    with pytest.raises(ValueError, match="^seq_lens\\[2\\]: expected 0..64"):
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table, lens, case.softmax_scale, query_start_loc=loc)
+    with pytest.raises(MLAInputError, match="^block_table: expected batch = len\\(query_start_loc\\) - 1 = 3 rows, "
+                                            "got a torch.int32 tensor of shape \\(2, 4\\)"):
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table[:2], case.seq_lens, case.softmax_scale,
+                                    query_start_loc=loc)
+    with pytest.raises(MLAInputError, match="^q: expected a tensor"):
+        mla_decode_varlen_reference((q[..., :512], q[:2, :, 512:]), case.kv_cache, case.block_table, case.seq_lens,
+                                    case.softmax_scale, query_start_loc=loc)

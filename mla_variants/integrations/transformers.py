@@ -46,9 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fp8 import FP8_DTYPE, FP8_MAX, quantize_kv, write_kv_cache
+from ..fp8 import FP8_DTYPE, FP8_MAX, FP32_TINY, quantize_kv, write_kv_cache
 from ..reference import mla_decode_reference
-from ..validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, QK_ROPE_HEAD_DIM, MLAInputError, fail, shown
+from ..validation import (HEAD_DIM, K_SCALE_MAX, KV_LORA_RANK, MAX_Q_LEN, QK_ROPE_HEAD_DIM, MLAInputError, fail,
+                          shown)
 
 __all__ = ["enable_mla_decode", "MLADecodeHandle", "MLAInputError", "SUPPORTED_ATTENTION_CLASSES", "K_SCALE_HEADROOM"]
 
@@ -631,8 +632,9 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
             k_scales = [k_scale] * len(layers)
         for s in k_scales:
             if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
-                                  or not 0.0 < float(s) < float("inf") or math.isnan(float(s))):
-                fail("k_scale", "None, a positive finite float or a list of them", shown(k_scale))
+                                  or not FP32_TINY <= float(s) <= K_SCALE_MAX):
+                fail("k_scale", f"None, a float in [{FP32_TINY:.3g}, {K_SCALE_MAX:.3g}] (the range mla_decode "
+                                "takes) or a list of them", shown(k_scale))
         k_scales = [None if s is None else float(s) for s in k_scales]
     else:
         if k_scale is not None:
