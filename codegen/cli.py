@@ -151,3 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as e:
         print(f"error: a build record is corrupt ({e}); delete it or rebuild", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,9 @@ from .validation import (DTYPE_TOKEN, KV_LORA_RANK, Call, check_disjoint, check_
 def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -> int:
     """Bytes of split-KV workspace one call needs: num_kv_splits * batch * q_len * num_heads * (512 + 1)
     fp32 values, 4 bytes each (per split: the normalised partial output and its lse). 0 when
-    num_kv_splits == 1. batch >= 0; num_heads, q_len, num_kv_splits >= 1 (ints).
+    num_kv_splits == 1. num_heads is the head count the call launches: a count that runs masked on a
+    larger compiled one (MLA_VARIANTS_JIT=0) needs that larger count's size (MLADecodePlan sizes its
+    own workspace right). batch >= 0; num_heads, q_len, num_kv_splits >= 1 (ints).
     Raises MLAInputError naming the argument otherwise."""
     for name, v in (("batch", batch), ("num_heads", num_heads), ("q_len", q_len), ("num_kv_splits", num_kv_splits)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "batch" else 1):
@@ -134,15 +136,17 @@ def choose_launches(lib, c: Call, num_kv_splits: int | None, max_seq_len: int | 
 
 
 def list_variants() -> list[tuple[int, int, str, bool]]:
-    """The compiled (num_heads, page_size, dtype, split) keys of the loaded library, sorted.
-    Raises LibraryNotBuiltError when nothing was built."""
+    """The compiled (num_heads, page_size, dtype, split) keys of the loaded library (the AOT build plus
+    the JIT-built variants this process has loaded), sorted. Raises LibraryNotBuiltError when nothing
+    was built and the JIT is off."""
     return sorted(_binding.library().table)
 
 
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
-    """Whether a call with these parameters can be served by the built library (dtype: torch dtype or
-    'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache variants; masked head
-    counts and head groups count as served). Raises MLAInputError for num_heads or page_size that is not
+    """Whether a call with these parameters can be served by the variants loaded now, without compiling
+    (dtype: torch dtype or 'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache
+    variants; masked head counts and head groups count as served). With the JIT on (the default), a
+    call that this says False for compiles its variant on first use instead of failing. Raises MLAInputError for num_heads or page_size that is not
     an int from 1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none
     of these; LibraryNotBuiltError when nothing was built."""
     for name, v in (("num_heads", num_heads), ("page_size", page_size)):

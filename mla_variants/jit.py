@@ -65,7 +65,7 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     minute, one line of progress on stderr; later calls and processes return at once).
 
     num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16' or 'fp8_e4m3' (the
-    kv_cache dtype token of variants.yaml); split: whether the variant splits keys over CTAs (a split
+    kv_cache dtype token of variants.yaml) or torch.bfloat16 / float16 / float8_e4m3fn; split: whether the variant splits keys over CTAs (a split
     variant also serves unsplit calls; a call loads a cached nosplit variant too). Needs nvcc (CUDA
     12.8+) and the nvidia-cutlass headers, not a GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
     ~/.cache/mla-variants. Works whatever MLA_VARIANTS_JIT says.
@@ -79,6 +79,10 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     for name, v, hi in (("num_heads", num_heads, MAX_NUM_HEADS), ("page_size", page_size, MAX_PAGE_SIZE)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
             raise MLAInputError(f"{name}: expected an int from 1 to {hi}, got {v!r}")
+    import torch
+    if isinstance(dtype, torch.dtype):  # as is_supported and MLADecodePlan take it
+        from .validation import DTYPE_TOKEN
+        dtype = DTYPE_TOKEN.get(dtype, dtype)
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise MLAInputError(f"dtype: expected one of {', '.join(sorted(DTYPES))} (a variants.yaml dtype token), got {dtype!r}")
     if not isinstance(split, bool):

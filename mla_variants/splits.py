@@ -64,7 +64,8 @@ def choose(lib, num_heads: int, page_size: int, dtype_token: str, batch: int, q_
 
 def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: int, num_sms: int, *,
                           page_size: int, kv_dtype=torch.bfloat16) -> int:
-    """The split count mla_decode and MLADecodePlan choose when none is given, for the loaded build.
+    """The split count mla_decode and MLADecodePlan choose when none is given, for the variant a call
+    would run (with the JIT on, that variant is compiled here if nothing loaded serves the call).
 
     batch >= 0 requests; num_heads and q_len of the call; max_seq_len in tokens (the longest sequence the
     call may see; block_table's width times page_size when the caller gives nothing better); num_sms the
@@ -74,7 +75,7 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     Returns 1 when the build has no split variant for the call. All sizes are ints (not bools): batch
     and max_seq_len >= 0, num_sms >= 1, num_heads 1 to 2**20 (MLADecodePlan's bound), q_len 1 to 8. Raises MLAInputError naming a bad argument,
     VariantNotCompiledError when no variant serves (page_size, kv_dtype), LibraryNotBuiltError when
-    nothing was built.
+    nothing was built (both only with the JIT off or failing).
     """
     for name, v in (("batch", batch), ("max_seq_len", max_seq_len), ("num_sms", num_sms)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name != "num_sms" else 1):
