@@ -1,4 +1,4 @@
-"""The lab's device recipes (lab/*.sh) parse and the store probe (lab/store_probe.cu) compiles: both
+"""The lab's device recipes (lab/*.sh) parse and its probes (lab/*.cu) compile: both
 run only on the GPU machine, where a syntax error would cost a device call. The ncu stall ledger
 (lab/ncu_stalls.py) reads a source page, and the fp8 MMA accuracy study (lab/fp8_mma_accuracy.py)
 separates the designs it measures (CPU)."""
@@ -36,13 +36,14 @@ def test_recipes_name_no_compile_time_switch_but_the_trace(script):
     assert not re.search(r"\bMLA_TMA\b", text), script.name
 
 
-def test_store_probe_compiles(tmp_path):
+@pytest.mark.parametrize("probe", ["store_probe.cu", "racecheck_named_barriers.cu", "fp8_fast_probe.cu"])
+def test_probe_compiles(tmp_path, probe):
     try:
         nvcc = find_nvcc()
     except BuildError as e:
         pytest.skip(f"no CUDA compiler: {e}")
-    p = subprocess.run([str(nvcc), "-O3", "-arch=sm_90a", "-o", str(tmp_path / "store_probe"),
-                        str(LAB / "store_probe.cu")], capture_output=True, text=True)
+    p = subprocess.run([str(nvcc), "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp_path / "probe"),
+                        str(LAB / probe)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
