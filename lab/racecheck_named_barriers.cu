@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 14); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 17); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -32,7 +32,13 @@
 //          and bar.arrive 1, 256; warpgroup 1 bar.sync 1, 256, reads A, writes B and bar.arrive 3, 256;
 //          warpgroup 0 bar.sync 3, 256 and reads B. Every access is ordered by one barrier generation;
 //       13 as 12 in 1024 CTAs (200 KB of shared memory each) with 4 + b % 3 tiles in CTA b;
-//       14 as 12 with bar.sync on both sides (the control).
+//       14 as 12 with bar.sync on both sides (the control);
+//       15 the transposed fp8 path's shape: 512 threads, three math warpgroups; warpgroup w first meets
+//          2 - w times at its own barrier bar.sync 9 + w, 128 with the id in a register (consume_st's
+//          kBarStWg + wg: warpgroups own different tile counts), then warpgroup 0 writes, all math
+//          threads bar.sync 12, 384 (merge_st's kBarStMerge) and warpgroup 2 reads;
+//       16 as 15 with every warpgroup meeting its barrier twice (equal tile counts);
+//       17 as 15 in 1024 CTAs (200 KB of shared memory each, one per SM at a time).
 #include <cstdio>
 #include <cstdlib>
 
@@ -131,14 +137,31 @@ __global__ void __launch_bounds__(384, 1) seesaw(int* out, int mode) {
   if (m < 128) out[blockIdx.x * 128 + k] = 3 * k + 1 + wrong + wrong1[k];
 }
 
+// Modes 15-16: out[m] = what math thread m of warpgroup 2 read (3m + 1 when ordered).
+__global__ void __launch_bounds__(512, 1) three_warpgroups(int* out, int mode) {
+  __shared__ int buf[128];
+  const int m = int(threadIdx.x) - 128;
+  if (m < 0) return;  // the producer warpgroup is done
+  const int wg = m / 128, k = m % 128;
+  const int meets = mode == 16 ? 2 : 2 - wg;  // 15, 17: 2, 1, 0
+  const int id = 9 + wg;  // in a register: the warpgroup's own barrier
+  for (int i = 0; i < meets; ++i) asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+  if (wg == 0) buf[k] = 3 * k + 1 + int(blockIdx.x);
+  asm volatile("bar.sync 12, 384;\n" ::: "memory");
+  if (wg == 2) out[blockIdx.x * 128 + k] = buf[k] - int(blockIdx.x);
+}
+
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
-  const int ctas = mode == 10 || mode == 11 || mode == 13 ? 1024 : 1;
+  const int ctas = mode == 10 || mode == 11 || mode == 13 || mode == 17 ? 1024 : 1;
   const int smem = ctas > 1 ? 200 * 1024 : 0;
   int* out = nullptr;
   cudaMalloc(&out, ctas * 128 * sizeof(int));
   cudaMemset(out, 0, ctas * 128 * sizeof(int));
-  if (mode >= 12) {
+  if (mode >= 15) {
+    cudaFuncSetAttribute(three_warpgroups, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    three_warpgroups<<<ctas, 512, smem>>>(out, mode);
+  } else if (mode >= 12) {
     cudaFuncSetAttribute(seesaw, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     seesaw<<<ctas, 384, smem>>>(out, mode);
   } else {
