@@ -61,8 +61,8 @@ def cached_build(num_heads: int, page_size: int, dtype: str, split: bool) -> Pat
 def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: bool = True) -> Path:
     """Make sure the (num_heads, page_size, dtype, split) variant exists and return the path of a shared
     library that holds it: the AOT library of `mla-variants build` when its manifest lists the variant,
-    else the variant's build in the per-user cache (compiled now if it is not there: about 20 s to a
-    minute, one line of progress on stderr; later calls and processes return at once).
+    else the variant's build in the per-user cache (compiled now if it is not there: 15-20 s on 16
+    cores, 25-30 s on 2, one line of progress on stderr; later calls and processes return at once).
 
     num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16' or 'fp8_e4m3' (the
     kv_cache dtype token of variants.yaml) or torch.bfloat16 / float16 / float8_e4m3fn; split: whether the variant splits keys over CTAs (a split
