@@ -36,13 +36,16 @@ def test_recipes_name_no_compile_time_switch_but_the_trace(script):
     assert not re.search(r"\bMLA_TMA\b", text), script.name
 
 
-@pytest.mark.parametrize("probe", ["store_probe.cu", "racecheck_named_barriers.cu", "fp8_fast_probe.cu"])
+@pytest.mark.parametrize("probe", ["store_probe.cu", "racecheck_named_barriers.cu", "fp8_fast_probe.cu",
+                                   "fp8_wgmma_probe.cu"])
 def test_probe_compiles(tmp_path, probe):
+    from codegen.build import cutlass_include_dir
     try:
         nvcc = find_nvcc()
     except BuildError as e:
         pytest.skip(f"no CUDA compiler: {e}")
-    p = subprocess.run([str(nvcc), "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp_path / "probe"),
+    p = subprocess.run([str(nvcc), "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        "--expt-relaxed-constexpr", f"-I{cutlass_include_dir()}", "-o", str(tmp_path / "probe"),
                         str(LAB / probe)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
 

@@ -1,0 +1,241 @@
+// The fp8 tensor-core operations of a planned fast mode, checked and timed on their own (a probe, not
+// the product; docs/design.md 3.1-3.2). One warpgroup runs, from shared memory:
+//   S [64 rows x 64 tokens]  = Q8 [64 x 512] K8^T        e4m3 x e4m3 -> fp32, both K-major, 128-byte swizzle
+//                                                         (K8: the cache's raw latent bytes, tokens x 512)
+//   O [64 rows x 512]        = P8 [64 x 64 tokens] V8     e4m3 x e4m3 -> fp32, V8 given as V^T (512 x 64
+//                                                         tokens, K-major, 64-byte swizzle), two 256-column halves
+// on random e4m3 operands, writes S and O to global memory and compares them with a CPU product in
+// double precision (fp8 wgmma adds its products into a reduced-precision accumulator, so the bound is
+// relative to the sum of |products|). Then it times `reps` rounds of both chains (clock64), against
+// the bf16 chains of the same shapes (S over 576 columns, O over 512) that the seesaw issues per tile.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//     -I $(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include \
+//     -o /tmp/fp8_wgmma_probe lab/fp8_wgmma_probe.cu && /tmp/fp8_wgmma_probe
+#include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/float8.h>
+#include <cutlass/numeric_types.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+using namespace cute;
+using E4 = cutlass::float_e4m3_t;
+using BF = cutlass::bfloat16_t;
+
+#define CHECK(x)                                                               \
+  do {                                                                         \
+    cudaError_t e = (x);                                                       \
+    if (e != cudaSuccess) {                                                    \
+      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));               \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+constexpr int kM = 64, kN = 64, kLat = 512, kHalf = 256;
+
+using LayoutQ8 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<Int<kM>, Int<kLat>>{}));
+using LayoutK8 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<Int<kN>, Int<kLat>>{}));
+using LayoutVt8 = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<Int<kLat>, Int<kN>>{}));
+using LayoutP8 = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<Int<kM>, Int<kN>>{}));
+using MmaS8 = decltype(make_tiled_mma(GMMA::ss_op_selector<E4, E4, float, Shape<Int<kM>, Int<kN>, Int<kLat>>>()));
+using MmaO8 = decltype(make_tiled_mma(GMMA::ss_op_selector<E4, E4, float, Shape<Int<kM>, Int<kHalf>, Int<kN>>,
+                                                           GMMA::Major::K, GMMA::Major::K>()));
+// The bf16 chains of the seesaw, for the timing comparison (operands left as whatever shared memory holds).
+using LayoutQ16 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<BF>{}, Shape<Int<kM>, Int<576>>{}));
+using LayoutK16 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<BF>{}, Shape<Int<kN>, Int<576>>{}));
+using LayoutVt16 = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<BF>{}, Shape<Int<kLat>, Int<kN>>{}, Step<_2, _1>{}));
+using LayoutP16 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<BF>{}, Shape<Int<kM>, Int<kN>>{}));
+using MmaS16 = decltype(make_tiled_mma(GMMA::ss_op_selector<BF, BF, float, Shape<Int<kM>, Int<kN>, Int<576>>>()));
+using MmaO16 = decltype(make_tiled_mma(GMMA::ss_op_selector<BF, BF, float, Shape<Int<kM>, Int<kHalf>, Int<kN>>,
+                                                            GMMA::Major::K, GMMA::Major::MN>()));
+
+struct Smem8 {
+  alignas(1024) E4 q[kM * kLat];
+  alignas(1024) E4 k[kN * kLat];
+  alignas(1024) E4 vt[kLat * kN];
+  alignas(1024) E4 p[kM * kN];
+};
+struct Smem16 {
+  alignas(1024) BF q[kM * 576];
+  alignas(1024) BF k[kN * 576];
+  alignas(1024) BF p[kM * kN];
+};
+
+template <class Mma, class TA, class TB, class Frag>
+__device__ __forceinline__ void chain(Mma& mma, const TA& a, const TB& b, Frag& acc, bool zero) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) warpgroup_fence_operand(acc(i));
+  warpgroup_arrive();
+  mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+// Inputs as row-major bytes: q [64 x 512], k [64 tokens x 512], v [64 tokens x 512] (the cache's V),
+// p [64 x 64]. Outputs: s [64 x 64], o [64 x 512] row-major fp32; cycles[0..1]: fp8 and bf16 per round.
+__global__ void __launch_bounds__(128, 1) probe(const uint8_t* q, const uint8_t* k, const uint8_t* v, const uint8_t* p,
+                                                float* s_out, float* o_out, long long* cycles, int reps) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem8& s = *reinterpret_cast<Smem8*>(smem_raw);
+  const int tid = threadIdx.x;
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
+  Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
+  auto byte = [](uint8_t b) { E4 x; x.storage = b; return x; };
+  for (int i = tid; i < kM * kLat; i += 128) {
+    sQ(i / kLat, i % kLat) = byte(q[i]);
+    sK(i / kLat, i % kLat) = byte(k[i]);
+    sVt(i % kLat, i / kLat) = byte(v[i]);  // V^T: latent column d's 64 tokens contiguous (before the swizzle)
+  }
+  for (int i = tid; i < kM * kN; i += 128) sP(i / kN, i % kN) = byte(p[i]);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  MmaS8 mma_s;
+  MmaO8 mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+  Tensor tSrK = thr_s.partition_fragment_B(sK);
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kM>, Int<kN>>{});
+  Tensor tOrP = thr_o.partition_fragment_A(sP);
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kM>, Int<kHalf>>{});
+
+  chain(mma_s, tSrQ, tSrK, tSrS, true);
+  warpgroup_wait<0>();
+  Tensor gS = make_tensor(make_gmem_ptr(s_out), make_layout(make_shape(Int<kM>{}, Int<kN>{}), LayoutRight{}));
+  Tensor tSgS = thr_s.partition_C(gS);
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrS); ++i) tSgS(i) = tSrS(i);
+  for (int half = 0; half < 2; ++half) {
+    Tensor tOrV = thr_o.partition_fragment_B(local_tile(sVt, Shape<Int<kHalf>, Int<kN>>{}, make_coord(half, 0)));
+    chain(mma_o, tOrP, tOrV, tOrO, true);
+    warpgroup_wait<0>();
+    Tensor gO = make_tensor(make_gmem_ptr(o_out + half * kHalf),
+                            make_layout(make_shape(Int<kM>{}, Int<kHalf>{}), make_stride(Int<kLat>{}, _1{})));
+    Tensor tOgO = thr_o.partition_C(gO);
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); ++i) tOgO(i) = tOrO(i);
+  }
+
+  // Timing: per round, S then both halves of O, as one warpgroup's share of a tile (fp8) ...
+  __syncthreads();
+  long long t0 = clock64();
+  Tensor tOrV0 = thr_o.partition_fragment_B(local_tile(sVt, Shape<Int<kHalf>, Int<kN>>{}, make_coord(0, 0)));
+  for (int r = 0; r < reps; ++r) {
+    chain(mma_s, tSrQ, tSrK, tSrS, true);
+    chain(mma_o, tOrP, tOrV0, tOrO, false);
+    warpgroup_wait<0>();
+  }
+  long long t1 = clock64();
+  // ... and the seesaw's bf16 chains: S over 576 columns, one 256-column half of O (operands not checked).
+  __syncthreads();
+  Smem16& h = *reinterpret_cast<Smem16*>(smem_raw);
+  Tensor hQ = make_tensor(make_smem_ptr(h.q), LayoutQ16{});
+  Tensor hK = make_tensor(make_smem_ptr(h.k), LayoutK16{});
+  Tensor hP = make_tensor(make_smem_ptr(h.p), LayoutP16{});
+  Tensor hVt = make_tensor(make_smem_ptr(h.k), LayoutVt16{});
+  MmaS16 mma_s16;
+  MmaO16 mma_o16;
+  auto thr_s16 = mma_s16.get_thread_slice(tid);
+  auto thr_o16 = mma_o16.get_thread_slice(tid);
+  Tensor tHrQ = thr_s16.partition_fragment_A(hQ);
+  Tensor tHrK = thr_s16.partition_fragment_B(hK);
+  Tensor tHrP = thr_o16.partition_fragment_A(hP);
+  Tensor tHrV = thr_o16.partition_fragment_B(local_tile(hVt, Shape<Int<kHalf>, Int<kN>>{}, make_coord(0, 0)));
+  Tensor tHrS = partition_fragment_C(mma_s16, Shape<Int<kM>, Int<kN>>{});
+  long long t2 = clock64();
+  for (int r = 0; r < reps; ++r) {
+    chain(mma_s16, tHrQ, tHrK, tHrS, true);
+    chain(mma_o16, tHrP, tHrV, tOrO, false);
+    warpgroup_wait<0>();
+  }
+  long long t3 = clock64();
+  if (tid == 0) {
+    cycles[0] = (t1 - t0) / reps;
+    cycles[1] = (t3 - t2) / reps;
+  }
+  if (tid == 0 && tHrS(0) == 12345.f && tOrO(0) == 12345.f) cycles[2] = 1;  // keep the timed results alive
+}
+
+static double e4m3(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double x = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -x : x;
+}
+
+int main() {
+  srand(3);
+  auto rnd = [](int n, int max_exp) {  // finite e4m3 bytes with exponent field <= max_exp
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = uint8_t(((rand() % (max_exp + 1)) << 3) | (rand() & 7) | ((rand() & 1) << 7));
+    return v;
+  };
+  std::vector<uint8_t> q = rnd(kM * kLat, 9), k = rnd(kN * kLat, 9), v = rnd(kN * kLat, 9), p = rnd(kM * kN, 7);
+  for (auto& b : p) b &= 0x7f;  // P' may be negative after centring; keep both signs in q, k, v and half of p
+  for (int i = 0; i < kM * kN; i += 2) p[i] |= 0x80;
+  uint8_t *dq, *dk, *dv, *dp;
+  float *ds, *dout;
+  long long* dc;
+  CHECK(cudaMalloc(&dq, q.size()));
+  CHECK(cudaMalloc(&dk, k.size()));
+  CHECK(cudaMalloc(&dv, v.size()));
+  CHECK(cudaMalloc(&dp, p.size()));
+  CHECK(cudaMalloc(&ds, kM * kN * 4));
+  CHECK(cudaMalloc(&dout, kM * kLat * 4));
+  CHECK(cudaMalloc(&dc, 3 * sizeof(long long)));
+  CHECK(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dp, p.data(), p.size(), cudaMemcpyHostToDevice));
+  const int smem = int(std::max(sizeof(Smem8), sizeof(Smem16)));
+  CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  probe<<<1, 128, smem>>>(dq, dk, dv, dp, ds, dout, dc, 1000);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> s(kM * kN), o(kM * kLat);
+  long long cyc[3];
+  CHECK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(cyc, dc, sizeof(cyc), cudaMemcpyDeviceToHost));
+  double worst_s = 0, worst_o = 0;
+  for (int m = 0; m < kM; ++m)
+    for (int n = 0; n < kN; ++n) {
+      double ref = 0, mag = 0;
+      for (int d = 0; d < kLat; ++d) {
+        const double t = e4m3(q[m * kLat + d]) * e4m3(k[n * kLat + d]);
+        ref += t;
+        mag += std::fabs(t);
+      }
+      worst_s = std::max(worst_s, std::fabs(s[m * kN + n] - ref) / (mag + 1e-30));
+    }
+  for (int m = 0; m < kM; ++m)
+    for (int d = 0; d < kLat; ++d) {
+      double ref = 0, mag = 0;
+      for (int t = 0; t < kN; ++t) {
+        const double x = e4m3(p[m * kN + t]) * e4m3(v[t * kLat + d]);
+        ref += x;
+        mag += std::fabs(x);
+      }
+      worst_o = std::max(worst_o, std::fabs(o[m * kLat + d] - ref) / (mag + 1e-30));
+    }
+  const bool ok = worst_s < 1e-3 && worst_o < 1e-3;
+  std::printf("S = Q8 K8^T: max |err| / sum |products| = %.2e;  O = P8 V8: %.2e  %s\n", worst_s, worst_o,
+              ok ? "checked" : "WRONG");
+  std::printf("per round, one warpgroup: fp8 S (64x64x512) + O half (64x256x64) %lld cycles; bf16 S (64x64x576) + "
+              "O half (64x256x64) %lld cycles\n", cyc[0], cyc[1]);
+  return ok ? 0 : 1;
+}
