@@ -27,14 +27,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));               \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "probe_check.h"
+
 
 constexpr int kTokens = 64, kRow = 576, kLat = 512, kRope = 64;
 constexpr int kRaw = kTokens * kRow;          // 36 KiB a stage

@@ -27,18 +27,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "probe_check.h"
+
 using namespace cute;
 using E4 = cutlass::float_e4m3_t;
 using BF = cutlass::bfloat16_t;
 
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));               \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 constexpr int kM = 64, kN = 64, kLat = 512, kHalf = 256;
 
@@ -211,27 +205,25 @@ int main() {
   CHECK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(cyc, dc, sizeof(cyc), cudaMemcpyDeviceToHost));
-  double worst_s = 0, worst_o = 0;
-  for (int m = 0; m < kM; ++m)
-    for (int n = 0; n < kN; ++n) {
-      double ref = 0, mag = 0;
-      for (int d = 0; d < kLat; ++d) {
-        const double t = e4m3(q[m * kLat + d]) * e4m3(k[n * kLat + d]);
-        ref += t;
-        mag += std::fabs(t);
+  // Worst |got - ref| / sum |products| over an m x n product of a (row stride lda, column stride 1) and
+  // b (element (kk, col) at b[kk * bk + col * bn]), summed over kk < K in double.
+  auto worst = [](const std::vector<float>& got, int rows, int cols, int K, const uint8_t* a, int lda,
+                  const uint8_t* b, int bk, int bn) {
+    double w = 0;
+    for (int m = 0; m < rows; ++m)
+      for (int n = 0; n < cols; ++n) {
+        double ref = 0, mag = 0;
+        for (int kk = 0; kk < K; ++kk) {
+          const double t = e4m3(a[m * lda + kk]) * e4m3(b[kk * bk + n * bn]);
+          ref += t;
+          mag += std::fabs(t);
+        }
+        w = std::max(w, std::fabs(got[m * cols + n] - ref) / (mag + 1e-30));
       }
-      worst_s = std::max(worst_s, std::fabs(s[m * kN + n] - ref) / (mag + 1e-30));
-    }
-  for (int m = 0; m < kM; ++m)
-    for (int d = 0; d < kLat; ++d) {
-      double ref = 0, mag = 0;
-      for (int t = 0; t < kN; ++t) {
-        const double x = e4m3(p[m * kN + t]) * e4m3(v[t * kLat + d]);
-        ref += x;
-        mag += std::fabs(x);
-      }
-      worst_o = std::max(worst_o, std::fabs(o[m * kLat + d] - ref) / (mag + 1e-30));
-    }
+    return w;
+  };
+  const double worst_s = worst(s, kM, kN, kLat, q.data(), kLat, k.data(), 1, kLat);   // S = Q K^T
+  const double worst_o = worst(o, kM, kLat, kN, p.data(), kN, v.data(), kLat, 1);    // O = P V
   const bool ok = worst_s < 1e-3 && worst_o < 1e-3;
   std::printf("S = Q8 K8^T: max |err| / sum |products| = %.2e;  O = P8 V8: %.2e  %s\n", worst_s, worst_o,
               ok ? "checked" : "WRONG");

@@ -27,14 +27,8 @@
 #include <cstdio>
 #include <vector>
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));                        \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "probe_check.h"
+
 
 constexpr int kThreads = 256;
 constexpr int64_t kRegion = 256 << 10;  // bytes per CTA
