@@ -29,7 +29,6 @@
 
 #include "probe_check.h"
 
-
 constexpr int kTokens = 64, kRow = 576, kLat = 512, kRope = 64;
 constexpr int kRaw = kTokens * kRow;          // 36 KiB a stage
 constexpr int kWide = kRaw * 2;               // 72 KiB (widen)

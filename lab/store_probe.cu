@@ -29,7 +29,6 @@
 
 #include "probe_check.h"
 
-
 constexpr int kThreads = 256;
 constexpr int64_t kRegion = 256 << 10;  // bytes per CTA
 
