@@ -8,6 +8,11 @@
 // double precision (fp8 wgmma adds its products into a reduced-precision accumulator, so the bound is
 // relative to the sum of |products|). Then it times `reps` rounds of both chains (clock64), against
 // the bf16 chains of the same shapes (S over 576 columns, O over 512) that the seesaw issues per tile.
+// Last, one 64-token tile end to end (tile_probe): S in e4m3, the softmax, P in e4m3 either plain (x 2^8)
+// or centred per row (P = c + P', P' on a per-row power-of-2 scale, O = P'V / scale + c colsum(V); design.md
+// 3.1), O in e4m3, against the CPU's softmax in double, on a flat and a peaked score distribution. The
+// same computation emulated in torch on another draw of these inputs: flat (score std 0.017) centred
+// 5.3e-5 / plain 2.4e-3 max |out err|, peaked (std 2) 9.7e-3 / 9.7e-3 (max |out| 0.08 / 0.53).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -I $(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include \
@@ -166,6 +171,107 @@ __global__ void __launch_bounds__(128, 1) probe(const uint8_t* q, const uint8_t*
   if (tid == 0 && tHrS(0) == 12345.f && tOrO(0) == 12345.f) cycles[2] = 1;  // keep the timed results alive
 }
 
+// Two floats to two e4m3 bytes, lo in the low byte (satfinite: beyond +-448 saturates).
+__device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// One tile, one warpgroup: S = Q8 K8^T, softmax with score scale `scale_log2` (log2 units), P to e4m3
+// (kCentre: centred per row), O = P8 V8 (V = the first 512 columns of K's rows, as in MLA), normalised.
+// out [64 x 512] fp32, lse [64] (natural log).
+template <bool kCentre>
+__global__ void __launch_bounds__(128, 1) tile_probe(const uint8_t* q, const uint8_t* k, float scale_log2, float* out,
+                                                     float* lse) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem8& s = *reinterpret_cast<Smem8*>(smem_raw);
+  float* colsum = reinterpret_cast<float*>(smem_raw + sizeof(Smem8));  // [kLat]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
+  Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
+  auto byte = [](uint8_t b) { E4 x; x.storage = b; return x; };
+  for (int i = tid; i < kM * kLat; i += 128) {
+    sQ(i / kLat, i % kLat) = byte(q[i]);
+    sK(i / kLat, i % kLat) = byte(k[i]);
+    sVt(i % kLat, i / kLat) = byte(k[i]);
+  }
+  for (int d = tid; d < kLat; d += 128) {  // the tile's column sums of V, in fp32
+    float a = 0.f;
+    for (int t = 0; t < kN; ++t) a += float(byte(k[t * kLat + d]));
+    colsum[d] = a;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  MmaS8 mma_s;
+  MmaO8 mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+  Tensor tSrK = thr_s.partition_fragment_B(sK);
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kM>, Int<kN>>{});
+  chain(mma_s, tSrQ, tSrK, tSrS, true);
+  warpgroup_wait<0>();
+  // Accumulator element i of this thread: row 16 warp + lane / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) +
+  // 2 (lane % 4) + (i & 1); a row's 64 columns are spread over the 4 lanes of a quad.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, c[2] = {0.f, 0.f}, amax[2] = {0.f, 0.f}, sc[2];
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrS); ++i) m[(i >> 1) & 1] = fmaxf(m[(i >> 1) & 1], tSrS(i) * scale_log2);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffff, m[r], 1));
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffff, m[r], 2));
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrS); ++i) {
+    tSrS(i) = exp2f(tSrS(i) * scale_log2 - m[(i >> 1) & 1]);
+    l[(i >> 1) & 1] += tSrS(i);
+  }
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    // Centre a flat row only (mean p above 1/4): on a peaked row most p are near 0 already, and the
+    // CPU emulation found centring it slightly worse (docs/design.md 3.1).
+    c[r] = kCentre && l[r] > 0.25f * float(kN) ? l[r] / float(kN) : 0.f;
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrS); ++i) amax[(i >> 1) & 1] = fmaxf(amax[(i >> 1) & 1], fabsf(tSrS(i) - c[(i >> 1) & 1]));
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffff, amax[r], 1));
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffff, amax[r], 2));
+    sc[r] = kCentre ? (amax[r] > 0.f ? exp2f(floorf(log2f(448.f / amax[r]))) : 1.f) : 256.f;
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrS); i += 2) {
+    const int r = (i >> 1) & 1, row = 16 * warp + lane / 4 + 8 * r, col = 8 * (i >> 2) + 2 * (lane % 4);
+    *reinterpret_cast<uint16_t*>(&sP(row, col)) =
+        pack_e4m3x2((tSrS(i) - c[r]) * sc[r], (tSrS(i + 1) - c[r]) * sc[r]);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  Tensor tOrP = thr_o.partition_fragment_A(sP);
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kM>, Int<kHalf>>{});
+  for (int half = 0; half < 2; ++half) {
+    Tensor tOrV = thr_o.partition_fragment_B(local_tile(sVt, Shape<Int<kHalf>, Int<kN>>{}, make_coord(half, 0)));
+    chain(mma_o, tOrP, tOrV, tOrO, true);
+    warpgroup_wait<0>();
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); ++i) {
+      const int r = (i >> 1) & 1, row = 16 * warp + lane / 4 + 8 * r;
+      const int col = half * kHalf + 8 * (i >> 2) + 2 * (lane % 4) + (i & 1);
+      out[row * kLat + col] = (tOrO(i) / sc[r] + c[r] * colsum[col]) / l[r];
+    }
+  }
+  if (lane % 4 == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) lse[16 * warp + lane / 4 + 8 * r] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+  }
+}
+
 static double e4m3(uint8_t b) {
   const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
   const double x = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
@@ -229,5 +335,65 @@ int main() {
               ok ? "checked" : "WRONG");
   std::printf("per round, one warpgroup: fp8 S (64x64x512) + O half (64x256x64) %lld cycles; bf16 S (64x64x576) + "
               "O half (64x256x64) %lld cycles\n", cyc[0], cyc[1]);
-  return ok ? 0 : 1;
+  // One tile end to end: q8 ~ e4m3(N(0, 0.5^2)), the cache's bytes ~ e4m3(N(0, 0.2^2)) (real N(0, 0.1^2) at
+  // k_scale 0.5), the score scale set for a score std of 0.017 (flat, the benchmark's) or 2 (peaked).
+  auto encode = [](double x) {  // nearest finite e4m3
+    uint8_t best = 0;
+    for (int b = 0; b < 256; ++b)
+      if ((b & 0x7f) != 0x7f && std::fabs(e4m3(uint8_t(b)) - x) < std::fabs(e4m3(best) - x)) best = uint8_t(b);
+    return best;
+  };
+  std::vector<uint8_t> tq(kM * kLat), tk(kN * kLat);
+  auto normal = [] {
+    const double u1 = (rand() + 1.0) / (RAND_MAX + 2.0), u2 = (rand() + 1.0) / (RAND_MAX + 2.0);
+    return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  };
+  for (auto& b : tq) b = encode(0.5 * normal());
+  for (auto& b : tk) b = encode(0.2 * normal());
+  CHECK(cudaMemcpy(dq, tq.data(), tq.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dk, tk.data(), tk.size(), cudaMemcpyHostToDevice));
+  float* dlse;
+  CHECK(cudaMalloc(&dlse, kM * 4));
+  const int tile_smem = int(sizeof(Smem8)) + kLat * 4;
+  CHECK(cudaFuncSetAttribute(tile_probe<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem));
+  CHECK(cudaFuncSetAttribute(tile_probe<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem));
+  bool tile_ok = true;
+  for (double score_std : {0.017, 2.0}) {
+    const double scale = score_std / (0.5 * 0.2 * std::sqrt(double(kLat)));  // natural-log units
+    std::vector<double> ref_o(kM * kLat), ref_l(kM);
+    double omax = 0;
+    for (int mrow = 0; mrow < kM; ++mrow) {
+      std::vector<double> sc(kN);
+      double mx = -1e300, den = 0;
+      for (int t = 0; t < kN; ++t) {
+        double a = 0;
+        for (int d = 0; d < kLat; ++d) a += e4m3(tq[mrow * kLat + d]) * e4m3(tk[t * kLat + d]);
+        sc[t] = a * scale;
+        mx = std::max(mx, sc[t]);
+      }
+      for (int t = 0; t < kN; ++t) den += std::exp(sc[t] - mx);
+      ref_l[mrow] = mx + std::log(den);
+      for (int d = 0; d < kLat; ++d) {
+        double a = 0;
+        for (int t = 0; t < kN; ++t) a += std::exp(sc[t] - mx) * e4m3(tk[t * kLat + d]);
+        ref_o[mrow * kLat + d] = a / den;
+        omax = std::max(omax, std::fabs(a / den));
+      }
+    }
+    for (int centre = 1; centre >= 0; --centre) {
+      if (centre) tile_probe<true><<<1, 128, tile_smem>>>(dq, dk, float(scale * 1.4426950408889634), dout, dlse);
+      else tile_probe<false><<<1, 128, tile_smem>>>(dq, dk, float(scale * 1.4426950408889634), dout, dlse);
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> go(kM * kLat), gl(kM);
+      CHECK(cudaMemcpy(go.data(), dout, go.size() * 4, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(gl.data(), dlse, gl.size() * 4, cudaMemcpyDeviceToHost));
+      double eo = 0, el = 0;
+      for (int i = 0; i < kM * kLat; ++i) eo = std::max(eo, std::fabs(go[i] - ref_o[i]));
+      for (int i = 0; i < kM; ++i) el = std::max(el, std::fabs(gl[i] - ref_l[i]));
+      tile_ok &= std::isfinite(eo) && eo < 0.1 * omax;
+      std::printf("tile, score std %.3f, P %s: max |out err| %.2e (max |out| %.2e), max |lse err| %.2e\n", score_std,
+                  centre ? "centred" : "plain x 2^8", eo, omax, el);
+    }
+  }
+  return ok && tile_ok ? 0 : 1;
 }
