@@ -26,6 +26,7 @@ Designs (each a combination of the switches in `emulate`):
   fast-lexact   as fast, the row sums from P before its rounding
   fast-center   as fast, with P centred per row and tile: P = c + P', c the row's mean over the tile,
             P' in e4m3 on a per-row power-of-2 scale, O += P' V + c colsum(V); row sums from fp32 P
+  fast-center-flat  fast-center for rows whose mean p over the tile exceeds 1/4 only
   fast-center-q2  fast-center with q as two e4m3 terms
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ def accumulate(a: torch.Tensor, b: torch.Tensor, k_step: int, group: int | None,
 
 
 def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: str, rope16: bool, p_scale: float,
-            promote: bool, acc_bits: int, q_terms: int = 1, center: bool = False, exact_l: bool = False,
+            promote: bool, acc_bits: int, q_terms: int = 1, center: bool | str = False, exact_l: bool = False,
             tile: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """One request: q [heads, 576] (bf16 values as fp32), kv_real [seq, 576] real values. Returns (out
     [heads, 512], lse [heads]) of the emulated kernel."""
@@ -107,6 +108,8 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
             # P = c + P' per row: c the row's mean over the tile, P' rounded to e4m3 on a per-row power-of-2
             # scale; O += P' V + c colsum(V) (the column sums of the tile's V in fp32, shared by all rows).
             c = p.mean(dim=1, keepdim=True)
+            if center == "flat":  # centre only rows whose mean p exceeds 1/4
+                c = torch.where(c > 0.25, c, torch.zeros_like(c))
             d = p - c
             amax = d.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
             sc = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax)))
@@ -139,6 +142,7 @@ DESIGNS = {
     "s16-pv8": dict(q_scale="s16", rope16=True, p_scale=256.0, promote=True, acc_bits=14),
     "fast-lexact": dict(q_scale="token_head", rope16=True, p_scale=256.0, promote=True, acc_bits=14, exact_l=True),
     "fast-center": dict(q_scale="token_head", rope16=True, p_scale=1.0, promote=True, acc_bits=14, center=True),
+    "fast-center-flat": dict(q_scale="token_head", rope16=True, p_scale=1.0, promote=True, acc_bits=14, center="flat"),
     "fast-center-q2": dict(q_scale="token_head", rope16=True, p_scale=1.0, promote=True, acc_bits=14, center=True,
                            q_terms=2),
 }
