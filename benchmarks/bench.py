@@ -8,6 +8,8 @@ Usage (from the repository root, on an sm_90a GPU, after ``mla-variants build``)
     python benchmarks/bench.py --anchors PATH --json out.json --num-kv-splits 4
     python benchmarks/bench.py --plot roofline.png   # also draw the run on the H200 roofline
     python benchmarks/bench.py --from-json docs/bench/consolidation-after.json --plot roofline.png  # no GPU
+    python benchmarks/bench.py --mode bf16_q2 --q-len 4 --vs-q1   # the q_len-2 cases' shapes at q_len 4
+    python benchmarks/bench.py --mode bf16_q2 --varlen 1,2,3,4    # q_lens mixed per request (varlen)
 
 Cases come from ``<repo>/../shared/anchors-h200.json`` (or ``<repo>/shared/``, or ``--anchors PATH``): each holds num_heads,
 batch, page_size, the exact seq_lens and the best peer's cold and CUDA-graph times. Without that file
@@ -32,6 +34,14 @@ Derived numbers (from the cold time): TB/s = (sum(seq_lens) * 576 + q + out elem
 / time; TFLOP/s = 2 * sum(seq_lens) * heads * q_len * (576 + 512) / time, each also as a percentage of
 the ceilings measured with the anchors (HBM read 4.463 TB/s, bf16 matmul 785.9 TFLOP/s by default).
 "peer/ours" > 1 means this library is faster than the best peer.
+
+Serving modes without peer times (the peers' q_len is the case's own):
+  --q-len N  runs the selected cases' shapes at q_len N (1-8); with --vs-q1 each case is also timed at
+             q_len 1, and "q1 ratio" = cold time at N / cold time at 1.
+  --varlen L runs each case with request b's q_len = L[b % len(L)] through mla_decode_varlen (max_q_len
+             = max(L)), and times the same case at each uniform q_len of L. The sum-of-work model is
+             T_model = sum over q in L of (requests with q_len q / batch) x T_uniform(q): each request
+             costs its share of a uniform batch of its q_len. "varlen ratio" = T_varlen / T_model.
 
 Results (rows, summary and environment) are written to --json, by default
 ``<repo>/bench-results/bench-<timestamp>.json``.
@@ -62,7 +72,8 @@ sys.path.insert(0, str(REPO))  # use this checkout's package (and its generated/
 import torch  # noqa: E402
 
 from mla_variants import (LibraryNotBuiltError, MLADecodePlan, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
-                          mla_decode, mla_decode_reference, workspace_size)
+                          mla_decode, mla_decode_reference, mla_decode_varlen, mla_decode_varlen_reference,
+                          workspace_size)
 from mla_variants.testing import FP8_TOLERANCE, compare  # noqa: E402
 
 HEAD_DIM = 576        # kv_lora_rank 512 + qk_rope_head_dim 64
@@ -452,6 +463,74 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     return row
 
 
+def varlen_q_lens(batch: int, pattern: list[int]) -> list[int]:
+    """Request b's q_len in a --varlen run: pattern[b % len(pattern)]."""
+    return [pattern[b % len(pattern)] for b in range(batch)]
+
+
+def varlen_model_us(q_lens: list[int], uniform_us: dict[int, float]) -> float:
+    """The sum-of-work model of a varlen call: each request costs its share (1 / batch) of a uniform
+    batch at its q_len, sum over q of (requests with q_len q / batch) x uniform_us[q]. A request of
+    q_len 0 costs nothing."""
+    batch = len(q_lens)
+    return sum(uniform_us[q] * q_lens.count(q) / batch for q in set(q_lens) if q > 0)
+
+
+def varlen_call(inputs: dict, q_lens: list[int], splits: int):
+    """(call, out, lse, q, query_start_loc) of one mla_decode_varlen step over the uniform inputs (q_len
+    max(q_lens)): request b keeps its first q_lens[b] query tokens, packed."""
+    q_full = inputs["q"]
+    device = q_full.device
+    q = torch.cat([q_full[b, :n] for b, n in enumerate(q_lens)]).contiguous()
+    loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    heads = q_full.shape[2]
+    out = torch.empty(q.shape[0], heads, V_DIM, dtype=q.dtype, device=device)
+    lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=device)
+    k_scale = case_k_scale(inputs)
+    max_q_len = max(q_lens)
+
+    def call():
+        mla_decode_varlen(q, inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
+                          query_start_loc=loc, max_q_len=max_q_len, num_kv_splits=splits, out=out, lse=lse,
+                          k_scale=k_scale)
+    return call, out, lse, q, loc
+
+
+def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush: "L2Flush", gen: torch.Generator,
+                    dtype: torch.dtype, sm_count: int) -> dict:
+    """A --varlen case: the varlen call's cold and graph times, each uniform q_len's cold time, the
+    sum-of-work model and their ratio; with --check, the varlen result against the fp32 reference."""
+    q_lens = varlen_q_lens(len(case["seq_lens"]), pattern)
+    row: dict = {"q_lens": pattern, "uniform_cold_us": {}}
+    for q in sorted({x for x in pattern if x > 0}):
+        splits = case_splits(case, args, q, sm_count)
+        inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], q, dtype, gen)
+        call, _, _ = decode_call(inputs, splits)
+        row["uniform_cold_us"][q] = time_cold(call, flush, args.reps, args.warmup)
+    max_q = max(pattern)
+    splits = case_splits(case, args, max_q, sm_count)
+    inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], max_q, dtype, gen)
+    call, out, lse, q, loc = varlen_call(inputs, q_lens, splits)
+    row["num_kv_splits"] = splits
+    if args.check:
+        call()
+        if sum(case["seq_lens"]) <= CHECK_FULL_TOKENS:
+            kw = {"k_scale": case_k_scale(inputs)} if case_k_scale(inputs) is not None else {}
+            ref = mla_decode_varlen_reference(q.cpu(), inputs["kv_cache"].cpu(), inputs["block_table"].cpu(),
+                                              inputs["seq_lens"].cpu(), SOFTMAX_SCALE, query_start_loc=loc.cpu(), **kw)
+            tol = FP8_TOLERANCE if inputs["kv_cache"].dtype == torch.float8_e4m3fn else {}
+            problems = compare(out[None].cpu(), lse[None].cpu(), ref[0][None], ref[1][None], **tol)
+            row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
+        else:
+            row["check"] = "pass"
+            row["check_note"] = f"not checked: more than {CHECK_FULL_TOKENS} keys"
+    row["cold_us"] = time_cold(call, flush, args.reps, args.warmup)
+    row["graph_us"] = time_graph(call, args.graph_replays, args.warmup)
+    row["model_us"] = varlen_model_us(q_lens, row["uniform_cold_us"])
+    row["varlen_ratio"] = row["cold_us"] / row["model_us"] if row["model_us"] else None
+    return row
+
+
 def element_sizes(dtype: str) -> tuple[int, int]:
     """(bytes per KV cache element, bytes per q / out element) of a --dtype: an fp8 cache has 1-byte
     elements and bf16 q / out, the other dtypes one size for all three."""
@@ -512,6 +591,10 @@ def print_row(case: dict, row: dict) -> None:
     line = " ".join(str(c).rjust(w) for c, (_, w) in zip(cells, COLUMNS))
     if row.get("codewarm_us") is not None:
         line += f"  code-warm {row['codewarm_us']:.1f}"
+    if row.get("q1_ratio") is not None:
+        line += f"  q1 {row['q1_cold_us']:.1f} us, ratio {row['q1_ratio']:.2f}"
+    if row.get("varlen_ratio") is not None:
+        line += f"  model {row['model_us']:.1f} us, varlen ratio {row['varlen_ratio']:.2f}"
     if row.get("check", "pass") != "pass":
         line += "  " + row["check"]
     print(line, flush=True)
@@ -535,6 +618,10 @@ def summarize(results: list[dict]) -> dict:
         "at_or_below_peer_graph": sum(1 for x in graph if x >= 1.0),
         "compared_cold": len(cold),
         "compared_graph": len(graph),
+        "geomean_q1_ratio": geomean([r["q1_ratio"] for r in done if r.get("q1_ratio")]),
+        "max_q1_ratio": max((r["q1_ratio"] for r in done if r.get("q1_ratio")), default=None),
+        "geomean_varlen_ratio": geomean([r["varlen_ratio"] for r in done if r.get("varlen_ratio")]),
+        "max_varlen_ratio": max((r["varlen_ratio"] for r in done if r.get("varlen_ratio")), default=None),
     }
 
 
@@ -715,6 +802,11 @@ def parse_args(argv=None, description: str | None = None, extra=None):
                    help="cache dtype: bf16/fp16 (q and out alike) or fp8_e4m3 (q and out bf16, k_scale 0.5; "
                         "TB/s counts 1 byte per KV element; peers from the fp8_q1 cases of anchors-h200-modes.json)")
     p.add_argument("--mode", help="with a multi-mode anchors file: the mode to run (default fp8_q1 for fp8_e4m3, else bf16_q1)")
+    p.add_argument("--q-len", type=int, help="run the selected cases' shapes at this q_len (1-8; no peer times then)")
+    p.add_argument("--vs-q1", action="store_true", help="also time each case at q_len 1: q1 ratio = cold(q_len) / cold(1)")
+    p.add_argument("--varlen", type=_int_list, metavar="L",
+                   help="q_lens per request, cycled over the batch (e.g. 1,2,3,4; 0 to 8, one at least 1): time "
+                        "mla_decode_varlen against the sum-of-work model of the uniform q_lens (module docstring)")
     p.add_argument("--num-kv-splits", type=int, help="force the split count (default: the library's heuristic)")
     p.add_argument("--balanced", action="store_true",
                    help="time MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, made once per "
@@ -748,6 +840,15 @@ def parse_args(argv=None, description: str | None = None, extra=None):
         p.error("--reps and --graph-replays must be positive")
     if args.code_warm and args.balanced:
         p.error("--code-warm times mla_decode's launches; it does not combine with --balanced")
+    if args.q_len is not None and not 1 <= args.q_len <= 8:
+        p.error(f"--q-len must be from 1 to 8, got {args.q_len}")
+    if args.varlen is not None:
+        if not args.varlen or any(not 0 <= q <= 8 for q in args.varlen) or max(args.varlen) < 1:
+            p.error(f"--varlen needs q_lens from 0 to 8, at least one of them >= 1, got {args.varlen}")
+        if args.q_len is not None or args.vs_q1 or args.balanced or args.code_warm:
+            p.error("--varlen does not combine with --q-len, --vs-q1, --balanced or --code-warm")
+    if args.vs_q1 and args.balanced:
+        p.error("--vs-q1 times mla_decode at q_len 1; it does not combine with --balanced")
     return args
 
 
@@ -812,13 +913,19 @@ def main(argv=None) -> int:
         return 1
     ceilings = {**DEFAULT_CEILINGS, **meta.get("ceilings", {})}
     q_len = cases_q_len(cases, meta)
+    if (args.q_len is not None and args.q_len != q_len) or args.varlen is not None:
+        # The peers were measured at the cases' own q_len: no peer comparison at another one.
+        cases = [{k: v for k, v in c.items() if k not in ("best_us", "best_graph_us", "best_peer", "best_graph_peer")}
+                 for c in cases]
+        q_len = args.q_len if args.varlen is None else max(args.varlen)
     dtype = DTYPES[args.dtype]
     elem, q_elem = element_sizes(args.dtype)
     device = torch.device("cuda", torch.cuda.current_device())
     env = environment()
     sm_count = env["sm_count"]
 
-    print(f"mla-variants bench: {len(cases)} cases, {args.dtype}, q_len {q_len}, {env['gpu']} ({sm_count} SMs), "
+    shape = f"varlen q_lens {args.varlen}" if args.varlen is not None else f"q_len {q_len}"
+    print(f"mla-variants bench: {len(cases)} cases, {args.dtype}, {shape}, {env['gpu']} ({sm_count} SMs), "
           f"torch {env['torch']}; {len(variants)} compiled variants", flush=True)
     print(f"anchors: {anchors_path or 'none (generated grid)'}; ceilings: read {ceilings['read_tbps']} TB/s, "
           f"matmul {ceilings['bf16_matmul_tflops']} TFLOP/s; cold reps {args.reps}, graph replays "
@@ -870,7 +977,16 @@ def main(argv=None) -> int:
             results.append(rec)
             continue
         try:
-            row = run_case(case, splits, args, pool, flush, gen, dtype, q_len)
+            if args.varlen is not None:
+                row = run_varlen_case(case, args.varlen, args, pool, flush, gen, dtype, sm_count)
+            else:
+                row = run_case(case, splits, args, pool, flush, gen, dtype, q_len)
+                if args.vs_q1:
+                    splits1 = case_splits(case, args, 1, sm_count)
+                    q1_inputs = build_inputs(pool, case["seq_lens"], heads, page, 1, dtype, gen)
+                    row["q1_cold_us"] = time_cold(decode_call(q1_inputs, splits1)[0], flush, args.reps, args.warmup)
+                    row["q1_ratio"] = row["cold_us"] / row["q1_cold_us"]
+                    del q1_inputs
         except (RuntimeError, ValueError, LookupError) as e:  # CUDA errors, MLAInputError, VariantNotCompiledError
             rec["error"] = f"{type(e).__name__}: {e}"
             print(f"[{i + 1}/{len(cases)}] error {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['error']}", flush=True)
@@ -878,7 +994,8 @@ def main(argv=None) -> int:
             continue
         row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
             not split and (heads, page, args.dtype, True) in compiled)
-        derived(case, row, elem, q_len, ceilings, q_elem)
+        if args.varlen is None:
+            derived(case, row, elem, q_len, ceilings, q_elem)
         rec.update(row)
         results.append(rec)
         print_row(case, row)
@@ -893,6 +1010,11 @@ def main(argv=None) -> int:
     if summary["compared_graph"]:
         print(f"graph: geomean peer/ours {summary['geomean_peer_over_ours_graph']:.3f}; at or below the best peer in "
               f"{summary['at_or_below_peer_graph']} of {summary['compared_graph']} cases")
+    if summary["geomean_q1_ratio"] is not None:
+        print(f"q_len {q_len} / q_len 1 cold time: geomean {summary['geomean_q1_ratio']:.3f}, max {summary['max_q1_ratio']:.3f}")
+    if summary["geomean_varlen_ratio"] is not None:
+        print(f"varlen / sum-of-work model: geomean {summary['geomean_varlen_ratio']:.3f}, "
+              f"max {summary['max_varlen_ratio']:.3f}")
 
     out_path = Path(args.json) if args.json else (
         REPO / "bench-results" / f"bench-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")

@@ -244,3 +244,39 @@ def test_plot_options_fail_clearly(bench, tmp_path, monkeypatch, capsys):
     results.write_text('{"cases": [{"num_heads": 16, "batch": 1, "seq_mean": 64, "page_size": 64, "ragged": false}]}')
     with pytest.raises(SystemExit, match="no timed case"):  # e.g. an anchors file given by mistake
         bench.main(["--from-json", str(results), "--plot", png])
+
+
+def test_varlen_model_is_each_requests_share_of_its_uniform_batch(bench):
+    q_lens = bench.varlen_q_lens(6, [1, 2, 0])
+    assert q_lens == [1, 2, 0, 1, 2, 0]
+    # 2 of 6 requests at q_len 1 (uniform 60 us), 2 at q_len 2 (90 us), 2 empty: 20 + 30
+    assert bench.varlen_model_us(q_lens, {1: 60.0, 2: 90.0}) == pytest.approx(50.0)
+    assert bench.varlen_model_us([3, 3], {3: 70.0}) == pytest.approx(70.0)
+
+
+def test_varlen_call_packs_each_requests_first_tokens(bench, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "mla_decode_varlen", lambda *a, **kw: seen.append((a, kw)))
+    inputs = _cpu_inputs(batch=3, q_len=4)
+    inputs["q"] = torch.arange(3 * 4, dtype=torch.bfloat16).view(3, 4, 1, 1).expand(3, 4, 16, 576).contiguous()
+    call, out, lse, q, loc = bench.varlen_call(inputs, [1, 4, 0], 2)
+    assert loc.tolist() == [0, 1, 5, 5] and loc.dtype == torch.int32
+    assert q[:, 0, 0].tolist() == [0.0, 4.0, 5.0, 6.0, 7.0]  # request 0's token 0, request 1's four
+    assert out.shape == (5, 16, 512) and lse.shape == (16, 5)
+    call()
+    (a, kw), = seen
+    assert a[0] is q and kw["query_start_loc"] is loc and kw["max_q_len"] == 4 and kw["num_kv_splits"] == 2
+    assert kw["out"] is out and kw["lse"] is lse
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--q-len", "9"], "--q-len must be from 1 to 8"),
+    (["--varlen", "0,0"], "--varlen needs q_lens from 0 to 8, at least one of them >= 1"),
+    (["--varlen", "1,9"], "--varlen needs q_lens from 0 to 8"),
+    (["--varlen", "1,2", "--q-len", "2"], "--varlen does not combine with --q-len"),
+    (["--vs-q1", "--balanced"], "--vs-q1 times mla_decode at q_len 1"),
+])
+def test_serving_mode_options_fail_clearly(bench, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
