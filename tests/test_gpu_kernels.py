@@ -149,3 +149,23 @@ def test_fresh_data_changes_the_answer():
     oa, _ = mla_decode(a.q, a.kv_cache, a.block_table, a.seq_lens, a.softmax_scale)
     ob, _ = mla_decode(b.q, b.kv_cache, b.block_table, b.seq_lens, b.softmax_scale)
     assert not torch.equal(oa, ob)
+
+
+@pytest.mark.parametrize("q_len", [3, 5, 6, 7, 8])
+@pytest.mark.parametrize("num_heads", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_every_q_len_to_8(num_heads, q_len, dtype):
+    """q_len 3 and 5-8 (1, 2 and 4 run per variant above) at every default head count, page 64: the
+    transposed variants' 16/32-row blocks and requests spread over several 32-row CTAs, the 64-row
+    path's several row blocks per request; causal rows that see no key (seq_len < q_len), forced splits."""
+    from mla_variants.testing import FP8_TOLERANCE
+    token = "fp8_e4m3" if dtype == torch.float8_e4m3fn else "bf16"
+    _need(num_heads, 64, True, token)
+    g = torch.Generator().manual_seed(num_heads * 100 + q_len)
+    case = make_paged_case([q_len - 2, 1, 64, 65, 700 + q_len, 2500], num_heads, 64, q_len, dtype, generator=g)
+    kw = {"k_scale": case.k_scale} if case.k_scale is not None else {}
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, **kw)
+    for n in (1, 3, 17):
+        out, lse = _run(case, n)
+        problems = compare(out, lse, ref_out, ref_lse, **(FP8_TOLERANCE if case.k_scale is not None else {}))
+        assert not problems, f"heads {num_heads} q_len {q_len} {token} num_kv_splits {n}: {problems}"
