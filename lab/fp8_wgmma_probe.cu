@@ -83,6 +83,25 @@ __device__ __forceinline__ void chain(Mma& mma, const TA& a, const TB& b, Frag& 
   warpgroup_commit_batch();
 }
 
+__device__ __forceinline__ E4 e4m3_of(uint8_t b) {
+  E4 x;
+  x.storage = b;
+  return x;
+}
+
+// Q, K and V^T from row-major bytes (q [64 x 512], k and v [64 tokens x 512]) into their swizzled
+// shared-memory layouts, by the warpgroup's 128 threads.
+__device__ __forceinline__ void load_operands(Smem8& s, const uint8_t* q, const uint8_t* k, const uint8_t* v, int tid) {
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
+  for (int i = tid; i < kM * kLat; i += 128) {
+    sQ(i / kLat, i % kLat) = e4m3_of(q[i]);
+    sK(i / kLat, i % kLat) = e4m3_of(k[i]);
+    sVt(i % kLat, i / kLat) = e4m3_of(v[i]);  // V^T: latent column d's 64 tokens contiguous (before the swizzle)
+  }
+}
+
 // Inputs as row-major bytes: q [64 x 512], k [64 tokens x 512], v [64 tokens x 512] (the cache's V),
 // p [64 x 64]. Outputs: s [64 x 64], o [64 x 512] row-major fp32; cycles[0..1]: fp8 and bf16 per round.
 __global__ void __launch_bounds__(128, 1) probe(const uint8_t* q, const uint8_t* k, const uint8_t* v, const uint8_t* p,
@@ -94,13 +113,8 @@ __global__ void __launch_bounds__(128, 1) probe(const uint8_t* q, const uint8_t*
   Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
   Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
   Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
-  auto byte = [](uint8_t b) { E4 x; x.storage = b; return x; };
-  for (int i = tid; i < kM * kLat; i += 128) {
-    sQ(i / kLat, i % kLat) = byte(q[i]);
-    sK(i / kLat, i % kLat) = byte(k[i]);
-    sVt(i % kLat, i / kLat) = byte(v[i]);  // V^T: latent column d's 64 tokens contiguous (before the swizzle)
-  }
-  for (int i = tid; i < kM * kN; i += 128) sP(i / kN, i % kN) = byte(p[i]);
+  load_operands(s, q, k, v, tid);
+  for (int i = tid; i < kM * kN; i += 128) sP(i / kN, i % kN) = e4m3_of(p[i]);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
@@ -192,15 +206,10 @@ __global__ void __launch_bounds__(128, 1) tile_probe(const uint8_t* q, const uin
   Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
   Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
   Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
-  auto byte = [](uint8_t b) { E4 x; x.storage = b; return x; };
-  for (int i = tid; i < kM * kLat; i += 128) {
-    sQ(i / kLat, i % kLat) = byte(q[i]);
-    sK(i / kLat, i % kLat) = byte(k[i]);
-    sVt(i % kLat, i / kLat) = byte(k[i]);
-  }
+  load_operands(s, q, k, k, tid);  // V is K's latent columns
   for (int d = tid; d < kLat; d += 128) {  // the tile's column sums of V, in fp32
     float a = 0.f;
-    for (int t = 0; t < kN; ++t) a += float(byte(k[t * kLat + d]));
+    for (int t = 0; t < kN; ++t) a += float(e4m3_of(k[t * kLat + d]));
     colsum[d] = a;
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
