@@ -427,11 +427,16 @@ class MLADecodeHandle:
         step = self._step
         if step is None:
             return layer.forward(*args, **kwargs)
-        bound = layer.signature.bind(*args, **kwargs)
-        extra = next((v for k, v in bound.arguments.items()
-                      if layer.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD), {})
-        hidden = bound.arguments.get("hidden_states", args[0] if args else None)
-        pe = bound.arguments.get("position_embeddings", extra.get("position_embeddings"))
+        if "position_embeddings" in kwargs and (args or "hidden_states" in kwargs):
+            # How transformers' decoder layers call their attention: no signature binding needed.
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            pe = kwargs["position_embeddings"]
+        else:
+            bound = layer.signature.bind(*args, **kwargs)
+            extra = next((v for k, v in bound.arguments.items()
+                          if layer.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD), {})
+            hidden = bound.arguments.get("hidden_states", args[0] if args else None)
+            pe = bound.arguments.get("position_embeddings", extra.get("position_embeddings"))
         if pe is None:
             raise RuntimeError(f"attention layer {layer.index} ({layer.family}): the decoder layer passed no "
                                "position_embeddings; this transformers version is not supported (>= 4.56 is)")
@@ -511,7 +516,9 @@ class MLADecodeHandle:
         self._write(layer, rows, step.slots, step_is_decode=True)
         weight = m.kv_b_proj.weight.view(heads, nope + v, KV_LORA_RANK)
         w_uk, w_uv = weight[:, :nope], weight[:, nope:]                           # [heads, nope|v, 512]
-        q_latent = torch.einsum("bqhd,hdr->bqhr", q_nope.to(weight.dtype), w_uk)  # [batch, q_len, heads, 512]
+        # [heads, batch * q_len, nope] @ [heads, nope, 512] -> [batch, q_len, heads, 512]
+        q_latent = torch.bmm(q_nope.to(weight.dtype).reshape(batch * q_len, heads, nope).transpose(0, 1), w_uk)
+        q_latent = q_latent.transpose(0, 1).reshape(batch, q_len, heads, KV_LORA_RANK)
         q_full = torch.cat([q_latent, q_rot.transpose(1, 2).to(q_latent.dtype)], dim=-1).to(self.q_dtype)
         cache = self.kv_caches[layer.index]
         k_scale = self.k_scales[layer.index] if self.kv_dtype == FP8_DTYPE else None
@@ -523,7 +530,9 @@ class MLADecodeHandle:
             plan, out_buf, lse_buf = self._plan(q_len)
             out, _ = plan.run(q_full.contiguous(), cache, block_table, seq_lens, scale,
                               out=out_buf[:batch], lse=lse_buf[:batch], k_scale=k_scale)
-        o = torch.einsum("bqhr,hvr->bqhv", out.to(weight.dtype), w_uv)            # [batch, q_len, heads, v]
+        # [heads, batch * q_len, 512] @ [heads, 512, v] -> [batch, q_len, heads, v]
+        o = torch.bmm(out.to(weight.dtype).reshape(batch * q_len, heads, KV_LORA_RANK).transpose(0, 1), w_uv.transpose(1, 2))
+        o = o.transpose(0, 1).reshape(batch, q_len, heads, v)
         bias = getattr(m.kv_b_proj, "bias", None)
         if bias is not None:   # the key half of the bias adds a per-query constant to every score: cancels in softmax
             o = o + bias.view(heads, nope + v)[:, nope:]
