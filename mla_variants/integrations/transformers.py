@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fp8 import FP8_DTYPE, FP8_MAX, FP32_TINY, write_kv_cache
+from ..fp8 import FP8_DTYPE, FP8_MAX, FP32_TINY, quantize_kv, write_kv_cache
 from ..reference import mla_decode_reference
 from ..validation import (HEAD_DIM, K_SCALE_MAX, KV_LORA_RANK, MAX_Q_LEN, QK_ROPE_HEAD_DIM, MLAInputError, fail,
                           shown)
@@ -427,11 +427,16 @@ class MLADecodeHandle:
         step = self._step
         if step is None:
             return layer.forward(*args, **kwargs)
-        bound = layer.signature.bind(*args, **kwargs)
-        extra = next((v for k, v in bound.arguments.items()
-                      if layer.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD), {})
-        hidden = bound.arguments.get("hidden_states", args[0] if args else None)
-        pe = bound.arguments.get("position_embeddings", extra.get("position_embeddings"))
+        if "position_embeddings" in kwargs and (args or "hidden_states" in kwargs):
+            # How transformers' decoder layers call their attention: no signature binding needed.
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            pe = kwargs["position_embeddings"]
+        else:
+            bound = layer.signature.bind(*args, **kwargs)
+            extra = next((v for k, v in bound.arguments.items()
+                          if layer.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD), {})
+            hidden = bound.arguments.get("hidden_states", args[0] if args else None)
+            pe = bound.arguments.get("position_embeddings", extra.get("position_embeddings"))
         if pe is None:
             raise RuntimeError(f"attention layer {layer.index} ({layer.family}): the decoder layer passed no "
                                "position_embeddings; this transformers version is not supported (>= 4.56 is)")
@@ -463,7 +468,11 @@ class MLADecodeHandle:
         rows = torch.cat([c_kv, k_rot.reshape(batch, tokens, QK_ROPE_HEAD_DIM).to(c_kv.dtype)], dim=-1)
         return rows.reshape(batch * tokens, HEAD_DIM), (None if q_pe is None else q_rot)
 
-    def _write(self, layer: _Layer, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    def _write(self, layer: _Layer, rows: torch.Tensor, slots: torch.Tensor, step_is_decode: bool = False) -> None:
+        """rows [tokens, 576] into this layer's cache at slots [tokens] (int64 on the device; < 0: a padding
+        token, skipped). A decode step's slots are all valid (the handle allocated them), so its write is
+        one index_copy_ with no host synchronization; prefill goes through write_kv_cache, which checks
+        the slots (and synchronizes for that)."""
         cache = self.kv_caches[layer.index]
         if self.kv_dtype == FP8_DTYPE:
             if self.k_scales[layer.index] is None:   # calibrate on this layer's first write of real tokens
@@ -475,11 +484,17 @@ class MLADecodeHandle:
                     raise MLAInputError(f"k_scale: calibration found a non-finite latent value ({amax}) in layer "
                                         f"{layer.index}'s first prefill; the model's kv_a_proj_with_mqa output overflowed")
                 self.k_scales[layer.index] = max(amax, 1e-6) * K_SCALE_HEADROOM / FP8_MAX
-            write_kv_cache(cache, slots, rows, self.k_scales[layer.index])
+            if step_is_decode:
+                flat = cache.view(-1, HEAD_DIM).view(torch.uint8)   # index_copy_ has no float8 kernel
+                flat.index_copy_(0, slots, quantize_kv(rows, self.k_scales[layer.index]).view(torch.uint8))
+            else:
+                write_kv_cache(cache, slots, rows, self.k_scales[layer.index])
         elif self.kv_dtype == torch.float32:          # fp32 verification cache (reference backend only)
             keep = slots >= 0
             s = slots[keep]
             cache[s // self.page_size, s % self.page_size] = rows[keep].float()
+        elif step_is_decode:
+            cache.view(-1, HEAD_DIM).index_copy_(0, slots, rows.to(cache.dtype))
         else:
             write_kv_cache(cache, slots, rows)
 
@@ -498,10 +513,12 @@ class MLADecodeHandle:
         q = q.view(batch, q_len, heads, nope + QK_ROPE_HEAD_DIM)
         q_nope, q_pe = torch.split(q, [nope, QK_ROPE_HEAD_DIM], dim=-1)
         rows, q_rot = self._latent_rows(layer, hidden, pe, q_pe.transpose(1, 2))   # q_rot [batch, heads, q_len, 64]
-        self._write(layer, rows, step.slots)
+        self._write(layer, rows, step.slots, step_is_decode=True)
         weight = m.kv_b_proj.weight.view(heads, nope + v, KV_LORA_RANK)
         w_uk, w_uv = weight[:, :nope], weight[:, nope:]                           # [heads, nope|v, 512]
-        q_latent = torch.einsum("bqhd,hdr->bqhr", q_nope.to(weight.dtype), w_uk)  # [batch, q_len, heads, 512]
+        # [heads, batch * q_len, nope] @ [heads, nope, 512] -> [batch, q_len, heads, 512]
+        q_latent = torch.bmm(q_nope.to(weight.dtype).reshape(batch * q_len, heads, nope).transpose(0, 1), w_uk)
+        q_latent = q_latent.transpose(0, 1).reshape(batch, q_len, heads, KV_LORA_RANK)
         q_full = torch.cat([q_latent, q_rot.transpose(1, 2).to(q_latent.dtype)], dim=-1).to(self.q_dtype)
         cache = self.kv_caches[layer.index]
         k_scale = self.k_scales[layer.index] if self.kv_dtype == FP8_DTYPE else None
@@ -513,7 +530,9 @@ class MLADecodeHandle:
             plan, out_buf, lse_buf = self._plan(q_len)
             out, _ = plan.run(q_full.contiguous(), cache, block_table, seq_lens, scale,
                               out=out_buf[:batch], lse=lse_buf[:batch], k_scale=k_scale)
-        o = torch.einsum("bqhr,hvr->bqhv", out.to(weight.dtype), w_uv)            # [batch, q_len, heads, v]
+        # [heads, batch * q_len, 512] @ [heads, 512, v] -> [batch, q_len, heads, v]
+        o = torch.bmm(out.to(weight.dtype).reshape(batch * q_len, heads, KV_LORA_RANK).transpose(0, 1), w_uv.transpose(1, 2))
+        o = o.transpose(0, 1).reshape(batch, q_len, heads, v)
         bias = getattr(m.kv_b_proj, "bias", None)
         if bias is not None:   # the key half of the bias adds a per-query constant to every score: cancels in softmax
             o = o + bias.view(heads, nope + v)[:, nope:]
