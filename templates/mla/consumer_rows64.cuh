@@ -164,9 +164,12 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
   // - row_max[0]: written by warpgroup 0, bar.arrive kBarMaxA; read by warpgroup 1 after bar.sync
   //   kBarMaxA. Warpgroup 0 writes it again only after bar.sync kBarMaxPB, which warpgroup 1 arrives at
   //   after its read. row_max[1] is the mirror image (kBarMaxPB, then kBarMaxA of the next pair).
-  // - P in a stage's RoPE slot: every thread's stores, then bar.sync kBarOwnP + wg over its warpgroup
-  //   (and bar.arrive kBarPA for warpgroup 1), then lane 0's mbarrier arrive on the slot's empty barrier
-  //   (release), then the producer's wait on it (acquire) before its next copy into the slot.
+  // - P in a stage's RoPE slot: written over K's RoPE columns after the warp's wait on its own S wgmma,
+  //   which covers the warpgroup's whole wgmma group (its shared-memory reads included). Then every
+  //   thread's stores, bar.sync kBarOwnP + wg over its warpgroup (and bar.arrive kBarPA from warpgroup
+  //   0, kBarMaxPB from warpgroup 1, which the other syncs on before its P V over the same P), then
+  //   lane 0's mbarrier arrive on the slot's empty barrier (release), then the producer's wait on it
+  //   (acquire) before its next copy into the slot.
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
     const int sa = (2 * i) % kRing, sb = sa + 1;   // the stages of tiles a = 2i and b = 2i + 1
