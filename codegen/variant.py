@@ -40,7 +40,7 @@ class PathFacts:
     rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel: 8 / 16 / 32 on the
         transposed path (at most 32 heads), 64 on the 64-row path.
     second_kernel: None, "short_split" (fp8 split variants of the 64-row path: 32-token tiles) or "rows64"
-        (every transposed variant: the 64-row kernel); it runs instead of the own kernel when every
+        (transposed bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
         split of a launch holds at most second_max_split_keys keys (0: never for that reason; 17..32-head
         bf16/fp16 variants run the 64-row kernel below ST32_MIN_KEYS) with second_rows_per_cta rows per
         CTA, and "rows64" also when rows_for gives 64 rows (a request of more than ST_MAX_ROWS rows).
@@ -49,10 +49,10 @@ class PathFacts:
     balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
         path with a 16-bit cache).
     tile_keys: keys per tile (splits are whole tiles).
-    max_rows_per_cta: the largest row block of a launch (64, every variant): a launch with q_len > 1
-        takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's q_len x num_heads
-        rows (rows_for), so they share one read of the keys; 8-32 rows run the transposed kernels, 64 the
-        64-row one (a transposed variant's second kernel).
+    max_rows_per_cta: the largest row block of a launch (64; 32 for transposed fp8 variants): a launch
+        with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's
+        q_len x num_heads rows (rows_for), so they share one read of the keys; 8-32 rows run the transposed
+        kernels, 64 the 64-row one (a transposed bf16/fp16 variant's second kernel).
     """
 
     rows_per_cta: int
@@ -70,14 +70,15 @@ class PathFacts:
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS
         rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64
-        second = "rows64" if transposed else "short_split" if fp8 and split else None
+        second = ("rows64" if transposed and not fp8 else "short_split" if fp8 and split and not transposed
+                  else None)
         max_keys = (FP8_SHORT_SPLIT_KEYS if second == "short_split"
-                    else ST32_MIN_KEYS - TILE_KEYS if second == "rows64" and not fp8 and rows == 32 else 0)
+                    else ST32_MIN_KEYS - TILE_KEYS if second == "rows64" and rows == 32 else 0)
         tma_pages = page_size % TILE_KEYS == 0
         return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
                    balanced_schedule=split and not transposed and not fp8,
-                   max_rows_per_cta=ROWS_64)
+                   max_rows_per_cta=ST_MAX_ROWS if transposed and fp8 else ROWS_64)
 
     @classmethod
     def from_json(cls, d: dict) -> "PathFacts":

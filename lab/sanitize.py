@@ -40,7 +40,7 @@ CALLS = [
     ("st8-q2-rows16-bf16-split", 8, 64, "bf16", [200, 33], 2, 3, ""),
     ("st8-q5-masked-bf16-split", 6, 1, "bf16", [150, 3], 5, 2, ""),  # 40 rows: the 64-row kernel, 24 rows padding
     ("st16-q4-rows64-bf16-split", 16, 16, "bf16", [300, 70], 4, 2, ""),  # 64 rows: the 64-row kernel
-    ("st16-q3-rows64-fp8-tma", 16, 64, "fp8", [330, 64], 3, 2, ""),  # 48 rows: the fp8 64-row kernel, TMA pages
+    ("st16-q3-rows64-fp16-tma", 16, 64, "fp16", [330, 64], 3, 2, ""),  # 48 rows: the 64-row kernel, TMA pages
     ("st32-bf16-short-rows64", 32, 64, "bf16", [300, 129], 2, 3, "short"),
     ("st32-fp8-split", 32, 1, "fp8", [333, 90], 1, 2, ""),
     ("r64-bf16-p1-split", 64, 1, "bf16", [250, 64, 1], 1, 3, ""),

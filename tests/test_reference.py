@@ -132,7 +132,7 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
     assert _splits(0, 16, 1, 100, 132) == 1
     # the transposed path holds up to 32 of a request's q_len x num_heads rows per CTA, the 64-row
-    # kernel of a transposed variant 64 (rows_for)
+    # kernel of a transposed 16-bit variant 64 (rows_for)
     assert _splits(33, 16, 4, 16384, 132) == 4             # 64 rows: 1 CTA per request, 33 CTAs -> 4 pieces
     assert _splits(33, 16, 2, 16384, 132) == 4             # 32 rows: 1 transposed CTA per request
     assert _splits(33, 8, 5, 16384, 132) == 4              # 40 rows: one 64-row CTA per request
@@ -144,8 +144,8 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(66, 32, 1, 16384, 132) == 2             # 66 32-row CTAs: 2 pieces
     assert _splits(66, 32, 2, 16384, 132) == 2             # 66 64-row CTAs: 2 pieces
     assert _splits(132, 32, 2, 16384, 132) == 1            # 132 64-row CTAs fill the GPU
-    assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 2   # fp8: the 64-row kernel too
-    assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 32
+    assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 1   # fp8: 32-row CTAs, 132 of them
+    assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 16    # 8 CTAs: 16 pieces of 256 keys
     assert _splits(4, 32, 1, 4096, 132, "fp8_e4m3") == 32    # fp8 32 heads q_len 1: 32-row CTAs
     # integer arithmetic: a length far beyond float range still gives the capped split count
     assert _splits(1, 16, 1, 2**1100, 132) == 64

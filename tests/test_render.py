@@ -80,10 +80,11 @@ def test_the_manifest_records_each_variants_path_facts(tmp_path):
 
 @pytest.mark.parametrize("variant,rows,second,max_keys,tma,second_tma,balanced", [
     (Variant(8, 1, "bf16", True), 8, "rows64", 0, False, False, False),
-    (Variant(16, 64, "fp8_e4m3", True), 16, "rows64", 0, False, True, False),
+    (Variant(16, 64, "fp8_e4m3", True), 16, None, 0, False, False, False),
+    (Variant(16, 64, "bf16", True), 16, "rows64", 0, False, True, False),
     (Variant(32, 64, "bf16", True), 32, "rows64", 960, False, True, False),
     (Variant(17, 1, "fp16", False), 32, "rows64", 960, False, False, False),
-    (Variant(32, 64, "fp8_e4m3", True), 32, "rows64", 0, False, True, False),
+    (Variant(32, 64, "fp8_e4m3", True), 32, None, 0, False, False, False),
     (Variant(64, 64, "fp8_e4m3", True), 64, "short_split", 128, True, False, False),
     (Variant(64, 64, "fp8_e4m3", False), 64, None, 0, True, False, False),
     (Variant(128, 16, "bf16", True), 64, None, 0, False, False, True),
@@ -96,13 +97,13 @@ def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
 
 
 @pytest.mark.parametrize("heads, dtype, q_rows, rows", [
-    (8, "bf16", 8, 8), (8, "bf16", 16, 16), (8, "bf16", 24, 32), (8, "fp8_e4m3", 40, 64), (8, "fp8_e4m3", 64, 64),
-    (16, "bf16", 16, 16), (16, "bf16", 32, 32), (16, "fp8_e4m3", 48, 64), (16, "bf16", 128, 64), (32, "bf16", 64, 64),
-    (32, "fp8_e4m3", 32, 32), (64, "bf16", 128, 64), (128, "fp8_e4m3", 8, 64),
+    (8, "bf16", 8, 8), (8, "bf16", 16, 16), (8, "bf16", 24, 32), (8, "bf16", 40, 64), (8, "fp8_e4m3", 64, 32),
+    (16, "bf16", 16, 16), (16, "bf16", 32, 32), (16, "fp16", 48, 64), (16, "fp8_e4m3", 48, 32), (16, "bf16", 128, 64),
+    (32, "bf16", 64, 64), (32, "fp8_e4m3", 64, 32), (64, "bf16", 128, 64), (128, "fp8_e4m3", 8, 64),
 ])
 def test_q_len_rows_share_a_cta_up_to_the_paths_largest_row_block(heads, dtype, q_rows, rows):
-    """rows_for: a transposed variant takes its row block, twice or four times it (up to 32), or its
-    64-row kernel above that, so that a request's q_len x num_heads rows share one CTA's read of the
+    """rows_for: a transposed variant takes its row block, twice or four times it (up to 32), or (16-bit)
+    its 64-row kernel above that, so that a request's q_len x num_heads rows share one CTA's read of the
     keys (config.cuh rows_for)."""
     f = Variant(heads, 64, dtype, True).facts
     assert f.rows_for(q_rows) == rows
@@ -122,12 +123,13 @@ def test_policy_values_match_the_kernels_config():
 
 
 def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):
-    """fp8 split variants of the 64-row path (short-split kernel) and every transposed variant (its 64-row
-    kernel) render a second unit that instantiates only launch_second; the others keep one."""
+    """fp8 split variants of the 64-row path (short-split kernel) and transposed bf16 / fp16 variants (their
+    64-row kernel) render a second unit that instantiates only launch_second; the others keep one."""
     cfg = _cfg()
     with_unit = [Variant(64, 64, "fp8_e4m3", True), Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False),
-                 Variant(16, 64, "fp8_e4m3", True), Variant(32, 64, "fp8_e4m3", False)]
-    without = [Variant(64, 64, "bf16", True), Variant(64, 64, "fp8_e4m3", False), Variant(128, 1, "bf16", True)]
+                 Variant(16, 64, "bf16", True)]
+    without = [Variant(64, 64, "bf16", True), Variant(64, 64, "fp8_e4m3", False), Variant(128, 1, "bf16", True),
+               Variant(16, 64, "fp8_e4m3", True), Variant(32, 64, "fp8_e4m3", False)]
     g = tmp_path / "generated"
     render(cfg, with_unit + without, g, tmp_path / "lib.so")
     names = {p.name for p in (g / "variants").glob("*.cu")}
@@ -141,12 +143,10 @@ def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):
     cmake = (g / "sources.cmake").read_text()
     assert "variants/mla_decode_h32_p64_bf16_split_second.cu" in cmake
     # selecting fewer variants keeps the second unit of a variant variants.yaml still describes (and
-    # removes those of ones it does not: 17 heads, 32-head fp8 nosplit)
+    # removes those of one it does not: 17 heads)
     res = render(cfg, without, g, tmp_path / "lib.so")
-    assert sorted(p.name for p in res.removed) == [
-        "mla_decode_h17_p1_fp16_nosplit.cu", "mla_decode_h17_p1_fp16_nosplit_second.cu",
-        "mla_decode_h32_p64_fp8_e4m3_nosplit.cu", "mla_decode_h32_p64_fp8_e4m3_nosplit_second.cu"]
-    assert (g / "variants" / "mla_decode_h16_p64_fp8_e4m3_split_second.cu").exists()
+    assert sorted(p.name for p in res.removed) == ["mla_decode_h17_p1_fp16_nosplit.cu", "mla_decode_h17_p1_fp16_nosplit_second.cu"]
+    assert (g / "variants" / "mla_decode_h16_p64_bf16_split_second.cu").exists()
     assert (g / "variants" / "mla_decode_h32_p64_bf16_split_second.cu").exists()
 
 

@@ -100,7 +100,7 @@ int launch(const MlaDecodeArgs* args) {
     second = max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
   }
   const int rows = second ? Facts::kSecondRows : rows_for(NUM_HEADS * a.q_len, Facts::kRows, Facts::kMaxRows);
-  // A transposed variant's 64-row kernel, in its second unit, also serves requests of more than
+  // A transposed 16-bit variant's 64-row kernel, in its second unit, also serves requests of more than
   // kStMaxRows rows.
   if constexpr (Facts::kSecond == SecondKernel::kRows64) second = second || rows == kBlockM;
   p.num_m_blocks = (NUM_HEADS * a.q_len + rows - 1) / rows;

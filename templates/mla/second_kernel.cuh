@@ -5,7 +5,7 @@
 // request's q_len x NUM_HEADS rows exceed kStMaxRows:
 // - kShortSplit (fp8 split variants of the 64-row path): 32-token tiles in four stages, S first
 //   (mla_decode_kernel<..., SHORT = true>);
-// - kRows64 (every transposed variant, at most 32 heads): the 64-row kernel
+// - kRows64 (transposed bf16/fp16 variants, at most 32 heads): the 64-row kernel
 //   (mla_decode_kernel<..., ROWS = kBlockM>).
 #pragma once
 #include "launch.cuh"
