@@ -159,8 +159,9 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
   float alpha[2], m_sub[2], m_new[2];
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
   // Ordering of the shared hand-overs below. racecheck reports some as hazards: it does not model an
-  // arrive/sync loop (lab/racecheck_named_barriers.cu mode 12 reports the same on an ordered loop;
-  // docs/performance.md, "racecheck"):
+  // arrive/sync loop, unequal crossings of the per-warpgroup barriers before a common one, or stores
+  // handed to a cp.async through an mbarrier (lab/racecheck_named_barriers.cu modes 12, 18 and 20
+  // report the same on ordered code; docs/performance.md, "racecheck"):
   // - row_max[0]: written by warpgroup 0, bar.arrive kBarMaxA; read by warpgroup 1 after bar.sync
   //   kBarMaxA. Warpgroup 0 writes it again only after bar.sync kBarMaxPB, which warpgroup 1 arrives at
   //   after its read. row_max[1] is the mirror image (kBarMaxPB, then kBarMaxA of the next pair).
