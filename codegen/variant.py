@@ -28,7 +28,7 @@ DTYPES: dict[str, tuple[str, str]] = {
 TILE_KEYS = 64                # kBlockN: keys per tile; splits hold whole tiles
 ROWS_64 = 64                  # kBlockM: query rows per CTA of the 64-row path
 ST_MAX_HEADS = 32             # kUseSt: at most this many heads run the transposed path
-ST_MAX_ROWS = 32              # kStMaxRows: the largest row block of the transposed path
+ST_MAX_ROWS = 32              # kStMaxRows: the largest row block of the transposed path (above: the 64-row kernel)
 ST32_MIN_KEYS = 1024          # kSt32MinKeys: 17..32-head 16-bit launches with shorter splits run the 64-row kernel
 FP8_SHORT_SPLIT_KEYS = 128    # kFp8ShortSplitKeys: fp8 64-row split launches with splits this short run 32-token tiles
 
@@ -40,16 +40,19 @@ class PathFacts:
     rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel: 8 / 16 / 32 on the
         transposed path (at most 32 heads), 64 on the 64-row path.
     second_kernel: None, "short_split" (fp8 split variants of the 64-row path: 32-token tiles) or "rows64"
-        (17..32-head bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
-        split of a launch holds at most second_max_split_keys keys (second_rows_per_cta rows per CTA).
+        (transposed bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
+        split of a launch holds at most second_max_split_keys keys (0: never for that reason; 17..32-head
+        bf16/fp16 variants run the 64-row kernel below ST32_MIN_KEYS) with second_rows_per_cta rows per
+        CTA, and "rows64" also when rows_for gives 64 rows (a request of more than ST_MAX_ROWS rows).
     tma / second_tma: whether the own / second kernel loads full tiles by TMA (64-row kernels on pages
         that are multiples of 64).
     balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
         path with a 16-bit cache).
     tile_keys: keys per tile (splits are whole tiles).
-    max_rows_per_cta: the largest row block of the variant's own path (32 on the transposed path, 64 on
-        the 64-row one): a launch with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to
-        it that holds the request's q_len x num_heads rows (rows_for), so they share one read of the keys.
+    max_rows_per_cta: the largest row block of a launch (64; 32 for transposed fp8 variants): a launch
+        with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's
+        q_len x num_heads rows (rows_for), so they share one read of the keys; 8-32 rows run the transposed
+        kernels, 64 the 64-row one (a transposed bf16/fp16 variant's second kernel).
     """
 
     rows_per_cta: int
@@ -67,14 +70,15 @@ class PathFacts:
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS
         rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64
-        second = ("short_split" if fp8 and split and not transposed
-                  else "rows64" if not fp8 and rows == 32 else None)
-        max_keys = {"short_split": FP8_SHORT_SPLIT_KEYS, "rows64": ST32_MIN_KEYS - TILE_KEYS, None: 0}[second]
+        second = ("rows64" if transposed and not fp8 else "short_split" if fp8 and split and not transposed
+                  else None)
+        max_keys = (FP8_SHORT_SPLIT_KEYS if second == "short_split"
+                    else ST32_MIN_KEYS - TILE_KEYS if second == "rows64" and rows == 32 else 0)
         tma_pages = page_size % TILE_KEYS == 0
         return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
                    balanced_schedule=split and not transposed and not fp8,
-                   max_rows_per_cta=ST_MAX_ROWS if transposed else ROWS_64)
+                   max_rows_per_cta=ST_MAX_ROWS if transposed and fp8 else ROWS_64)
 
     @classmethod
     def from_json(cls, d: dict) -> "PathFacts":
@@ -89,7 +93,7 @@ class PathFacts:
 
     def runs_second(self, max_seq_len: int, num_kv_splits: int) -> bool:
         """Whether a launch with this bound and split count runs the second kernel (launch.cuh)."""
-        return self.second_kernel is not None and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
+        return self.second_max_split_keys > 0 and self.max_split_keys(max_seq_len, num_kv_splits) <= self.second_max_split_keys
 
     def rows_for(self, q_rows: int) -> int:
         """Rows per CTA of the own kernel for q_rows = q_len x the variant's num_heads rows per request
@@ -101,7 +105,8 @@ class PathFacts:
         return rows
 
     def launch_rows(self, max_seq_len: int, num_kv_splits: int, q_rows: int = 1) -> int:
-        """Query rows per CTA of the kernel such a launch runs (q_rows: q_len x the variant's num_heads)."""
+        """Query rows per CTA of the kernel such a launch runs (q_rows: q_len x the variant's num_heads); 64
+        on a transposed variant is its second kernel."""
         return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_for(q_rows)
 
     def cpp(self) -> str:

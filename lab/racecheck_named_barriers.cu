@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 17); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 21); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -39,6 +39,17 @@
 //          threads bar.sync 12, 384 (merge_st's kBarStMerge) and warpgroup 2 reads;
 //       16 as 15 with every warpgroup meeting its barrier twice (equal tile counts);
 //       17 as 15 in 1024 CTAs (200 KB of shared memory each, one per SM at a time).
+//       18 the 16-bit transposed path's and the 64-row path's shape: 384 threads, two math warpgroups;
+//          warpgroup 0 first meets once at its own barrier bar.sync 4, 128 (id in a register; the
+//          seesaw's kBarOwnP + wg with an odd tile count, consume_st's kBarStWg + wg), warpgroup 1
+//          not; then warpgroup 0 writes, bar.sync 12, 256 by both, warpgroup 1 reads;
+//       19 as 18 with both warpgroups meeting their barrier once (the control);
+//       20 the fp8 64-row P store against the producer's next cp.async into the same bytes:
+//          warpgroup 0 stores, fence.proxy.async, bar.sync 4, 128 (id in a register), lane 0 of each
+//          warp arrives on an mbarrier (release); a producer warp waits on it (acquire), cp.asyncs the
+//          same bytes and signals a second mbarrier on their completion; warpgroup 1 waits on that and
+//          reads. Warpgroup 0 first meets its barrier once more than warpgroup 1 its own;
+//       21 as 20 with equal crossings (the control).
 #include <cstdio>
 #include <cstdlib>
 
@@ -151,6 +162,59 @@ __global__ void __launch_bounds__(512, 1) three_warpgroups(int* out, int mode) {
   if (wg == 2) out[blockIdx.x * 128 + k] = buf[k] - int(blockIdx.x);
 }
 
+// Modes 18-19: out[m] = what math thread m of warpgroup 1 read (3m + 1 when ordered).
+__global__ void __launch_bounds__(384, 1) two_warpgroups(int* out, int extra) {
+  __shared__ int buf[128];
+  const int m = int(threadIdx.x) - 128;
+  if (m < 0) return;  // the producer warpgroup is done
+  const int wg = m / 128, k = m % 128;
+  const int id = 4 + wg;  // in a register: the warpgroup's own barrier
+  const int meets = wg == 0 ? 1 : 1 - extra;
+  for (int i = 0; i < meets; ++i) asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+  if (wg == 0) buf[k] = 3 * k + 1;
+  asm volatile("bar.sync 12, 256;\n" ::: "memory");
+  if (wg == 1) out[k] = buf[k];
+}
+
+// Modes 20-21: out[m] = the first word math thread m of warpgroup 1 read (3m + 1 when ordered: the
+// copied value, not warpgroup 0's store).
+__global__ void __launch_bounds__(384, 1) store_then_copy(int* out, const int4* src, int extra) {
+  __shared__ int4 buf[128];
+  __shared__ unsigned long long empty, full;
+  const int t = int(threadIdx.x);
+  const unsigned e = unsigned(__cvta_generic_to_shared(&empty)), f = unsigned(__cvta_generic_to_shared(&full));
+  if (t == 0) {
+    asm volatile("mbarrier.init.shared.b64 [%0], 4;\n" ::"r"(e));   // lane 0 of warpgroup 0's 4 warps
+    asm volatile("mbarrier.init.shared.b64 [%0], 32;\n" ::"r"(f));  // the copy warp's 32 cp.async arrivals
+  }
+  __syncthreads();
+  if (t < 32) {  // the producer's copy warp
+    asm volatile("{\n .reg .pred p;\n W0: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W0;\n}\n" ::"r"(e)
+                 : "memory");
+    for (int j = 0; j < 4; ++j) {
+      const int i = t + 32 * j;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(&buf[i]))),
+                   "l"(src + i) : "memory");
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(f) : "memory");
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  if (t < 128) return;  // the rest of the producer warpgroup is done
+  const int m = t - 128, wg = m / 128, k = m % 128;
+  const int id = 4 + wg;  // in a register: kBarOwnP + wg
+  if (wg == 0) {
+    for (int i = 0; i < extra; ++i) asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+    buf[k] = make_int4(-1, -2, -3, -4 - k);  // "P"
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+  if (wg == 0 && k % 32 == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(e) : "memory");
+  asm volatile("{\n .reg .pred p;\n W1: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W1;\n}\n" ::"r"(f)
+               : "memory");
+  if (wg == 1) out[k] = buf[k].x;
+}
+
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
   const int ctas = mode == 10 || mode == 11 || mode == 13 || mode == 17 ? 1024 : 1;
@@ -158,7 +222,16 @@ int main(int argc, char** argv) {
   int* out = nullptr;
   cudaMalloc(&out, ctas * 128 * sizeof(int));
   cudaMemset(out, 0, ctas * 128 * sizeof(int));
-  if (mode >= 15) {
+  if (mode >= 20) {
+    int4 host4[128];
+    int4* src = nullptr;
+    for (int i = 0; i < 128; ++i) host4[i] = make_int4(3 * i + 1, 2 * i, 3 * i, 4 * i);
+    cudaMalloc(&src, sizeof host4);
+    cudaMemcpy(src, host4, sizeof host4, cudaMemcpyHostToDevice);
+    store_then_copy<<<1, 384>>>(out, src, mode == 20 ? 1 : 0);
+  } else if (mode >= 18) {
+    two_warpgroups<<<1, 384>>>(out, mode == 18 ? 1 : 0);
+  } else if (mode >= 15) {
     cudaFuncSetAttribute(three_warpgroups, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     three_warpgroups<<<ctas, 512, smem>>>(out, mode);
   } else if (mode >= 12) {

@@ -38,7 +38,9 @@ CALLS = [
     ("st16-q2-rows32-bf16-split", 16, 16, "bf16", [300, 70], 2, 2, ""),
     ("st8-q4-rows32-fp8-split", 8, 1, "fp8", [150, 90], 4, 2, ""),
     ("st8-q2-rows16-bf16-split", 8, 64, "bf16", [200, 33], 2, 3, ""),
-    ("st8-q5-masked-bf16-split", 6, 1, "bf16", [150, 3], 5, 2, ""),  # 40 rows: a second 32-row block of 8 real rows
+    ("st8-q5-masked-bf16-split", 6, 1, "bf16", [150, 3], 5, 2, ""),  # 40 rows: the 64-row kernel, 24 rows padding
+    ("st16-q4-rows64-bf16-split", 16, 16, "bf16", [300, 70], 4, 2, ""),  # 64 rows: the 64-row kernel
+    ("st16-q3-rows64-fp16-tma", 16, 64, "fp16", [330, 64], 3, 2, ""),  # 48 rows: the 64-row kernel, TMA pages
     ("st32-bf16-short-rows64", 32, 64, "bf16", [300, 129], 2, 3, "short"),
     ("st32-fp8-split", 32, 1, "fp8", [333, 90], 1, 2, ""),
     ("r64-bf16-p1-split", 64, 1, "bf16", [250, 64, 1], 1, 3, ""),
@@ -107,9 +109,9 @@ def run_calls(only: int | None, repeat: int = 1) -> int:
     return 1 if failed else 0
 
 
-def _one(tool: str, only: int | None, env: dict, extra: list[str]) -> tuple[str, bool, str]:
+def _one(tool: str, only: int | None, env: dict, extra: list[str], print_limit: int = 200) -> tuple[str, bool, str]:
     """compute-sanitizer `tool` over the calls (or call `only`): (its summary, clean?, the report)."""
-    cmd = ["compute-sanitizer", f"--tool={tool}", "--print-limit=200"] + extra
+    cmd = ["compute-sanitizer", f"--tool={tool}", f"--print-limit={print_limit}"] + extra
     if tool == "racecheck":
         cmd += ["--racecheck-report=hazard"]
     cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
@@ -131,7 +133,8 @@ def _sites(text: str) -> list[str]:
     return [f"{n} x {k}" for k, n in sorted(pairs.items(), key=lambda kv: -kv[1])]
 
 
-def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (), full: str | None = None) -> int:
+def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (), full: str | None = None,
+             print_limit: int = 200) -> int:
     """Each tool over each call in its own process (`jobs` at a time): a summary line per call."""
     import concurrent.futures
 
@@ -140,7 +143,7 @@ def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (
     worst = 0
     for tool in tools:
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            results = pool.map(lambda i: _one(tool, i, env, list(extra)), calls)  # printed as they come, in order
+            results = pool.map(lambda i: _one(tool, i, env, list(extra), print_limit), calls)  # printed as they come, in order
             for i, (summary, clean, text) in zip(calls, results):
                 worst = max(worst, int(not clean))
                 print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
@@ -149,7 +152,8 @@ def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (
                     (Path(full) / f"{tool}-{i}.txt").write_text(text)
                 if not clean:
                     sites = _sites(text)
-                    print("\n".join(f"    {line}" for line in sites[:8]) if sites else text[-3000:], flush=True)
+                    print("\n".join(f"    {line}" for line in sites[:8 if print_limit else None]) if sites else text[-3000:],
+                          flush=True)
     return worst
 
 
@@ -159,6 +163,8 @@ def main() -> int:
     ap.add_argument("--only", type=int, default=None, help="run call N only")
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     ap.add_argument("--sanitizer-args", default="", help="extra compute-sanitizer options (space-separated)")
+    ap.add_argument("--print-limit", type=int, default=200,
+                    help="reports compute-sanitizer shows per call (0: all; then every site pair is listed)")
     ap.add_argument("--full-reports", default=None, help="write each unclean call's whole report into this folder")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --calls: launch each call N times and require bitwise identical results")
@@ -166,7 +172,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.calls:
         return run_calls(args.only, args.repeat)
-    return sanitize(args.tools.split(","), args.only, args.jobs, args.sanitizer_args.split(), args.full_reports)
+    return sanitize(args.tools.split(","), args.only, args.jobs, args.sanitizer_args.split(), args.full_reports,
+                    args.print_limit)
 
 
 if __name__ == "__main__":

@@ -129,8 +129,7 @@ def _loads_by_tma(key, bound: int, num_kv_splits: int) -> bool:
     """Whether the kernel this launch runs loads full tiles by TMA: the second kernel when every split
     has at most facts.second_max_split_keys keys, else the variant's own."""
     f = _facts(key)
-    second = f.second_kernel is not None and _max_split_keys(f, bound, num_kv_splits) <= f.second_max_split_keys
-    return f.second_tma if second else f.tma
+    return f.second_tma if f.runs_second(bound, num_kv_splits) else f.tma
 
 
 def _assert_takes_tma(key, bound: int, num_kv_splits: int) -> None:
@@ -487,14 +486,14 @@ def test_require_shows_which_kernel_a_17_to_32_head_launch_runs():
     groups: dict = {}
     for k in LIB.table:
         f = _facts(k)
-        if k[2] in ("bf16", "fp16") and f.second_kernel == "rows64" and f.second_tma:
+        if k[2] in ("bf16", "fp16") and f.second_kernel == "rows64" and f.second_max_split_keys > 0 and f.second_tma:
             groups.setdefault((k[1], k[2]), set()).add(k[0])
     jobs, short = [], set()
     for page, dtype in sorted(groups):
         heads = max(groups[page, dtype])
         key = _launch_key(heads, page, dtype, 1)
         f = _facts(key)
-        if f.second_kernel != "rows64" or not f.second_tma:
+        if f.second_kernel != "rows64" or f.second_max_split_keys == 0 or not f.second_tma:
             continue
         long_pages = f.second_max_split_keys // page + 1  # capacity above second_max_split_keys: transposed
         if _max_split_keys(f, 4 * page, 1) > f.second_max_split_keys or long_pages <= 4:

@@ -70,21 +70,24 @@ def test_jit_off_keeps_a_missing_build_an_error(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def jit_cache(tmp_path_factory):
     """A per-test-module cache holding the 24-head variant, built once by ensure_variant (about a minute
-    on two cores)."""
+    on two cores). The checkout's own build is hidden meanwhile (MLA_VARIANTS_GENERATED names an empty
+    folder), so a user who added 24 heads to variants.yaml and built them still gets a cache build here."""
     if NVCC_SKIP is not None:
         pytest.skip(f"no CUDA compiler: {NVCC_SKIP}")
     cache = tmp_path_factory.mktemp("jit_cache")
-    old = os.environ.get("MLA_VARIANTS_CACHE")
+    old = {k: os.environ.get(k) for k in ("MLA_VARIANTS_CACHE", "MLA_VARIANTS_GENERATED")}
     os.environ["MLA_VARIANTS_CACHE"] = str(cache)
+    os.environ["MLA_VARIANTS_GENERATED"] = str(tmp_path_factory.mktemp("no_aot_build"))
     print(f"\nbuilding {Variant(*V24).name} into {cache} (about a minute on two cores)", file=sys.__stderr__, flush=True)
     try:
         path = ensure_variant(*V24)
         yield cache, path
     finally:
-        if old is None:
-            os.environ.pop("MLA_VARIANTS_CACHE", None)
-        else:
-            os.environ["MLA_VARIANTS_CACHE"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @needs_nvcc

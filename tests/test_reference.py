@@ -131,17 +131,22 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(2, 16, 1, 1024, 132) == 8
     assert _splits(8, 128, 1, 16384, 132) == 8             # 16 CTAs -> 8 pieces each
     assert _splits(0, 16, 1, 100, 132) == 1
-    # the transposed path holds up to 32 of a request's q_len x num_heads rows per CTA (rows_for)
-    assert _splits(33, 16, 4, 16384, 132) == 2             # 64 rows: 2 CTAs of 32 per request, 66 CTAs
-    assert _splits(1, 8, 8, 16384, 132) == 64              # 64 rows: 2 CTAs -> 66 pieces, capped at 64
+    # the transposed path holds up to 32 of a request's q_len x num_heads rows per CTA, the 64-row
+    # kernel of a transposed 16-bit variant 64 (rows_for)
+    assert _splits(33, 16, 4, 16384, 132) == 4             # 64 rows: 1 CTA per request, 33 CTAs -> 4 pieces
+    assert _splits(33, 16, 2, 16384, 132) == 4             # 32 rows: 1 transposed CTA per request
+    assert _splits(33, 8, 5, 16384, 132) == 4              # 40 rows: one 64-row CTA per request
+    assert _splits(1, 8, 8, 16384, 132) == 64              # 64 rows: 1 CTA -> 132 pieces, capped at 64
     assert _splits(132, 8, 2, 16384, 132) == 1             # 16 rows: one CTA per request fills the GPU
-    assert _splits(1, 32, 2, 16384, 132) == 64             # capped; 256-key pieces: 64-row kernel
-    assert _splits(4, 32, 2, 4096, 132) == 32              # 16 pieces of 256 keys for 32-row CTAs
-    #   would run the 64-row kernel on 64 CTAs: counted again for 64-row CTAs, 32 pieces (128 CTAs)
+    assert _splits(1, 32, 2, 16384, 132) == 64             # capped
+    assert _splits(4, 32, 2, 4096, 132) == 32              # 64 rows: 4 CTAs, 64 tiles / 2 per piece
     assert _splits(4, 32, 1, 4096, 132) == 32              # q_len 1: 32 or 64 rows, one CTA per request
-    assert _splits(66, 32, 2, 16384, 132) == 1             # 66 x 2 32-row CTAs fill the GPU
-    assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 1   # fp8: 32-row CTAs too
-    assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 16    # fp8 keeps 32-row CTAs on short pieces
+    assert _splits(66, 32, 1, 16384, 132) == 2             # 66 32-row CTAs: 2 pieces
+    assert _splits(66, 32, 2, 16384, 132) == 2             # 66 64-row CTAs: 2 pieces
+    assert _splits(132, 32, 2, 16384, 132) == 1            # 132 64-row CTAs fill the GPU
+    assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 1   # fp8: 32-row CTAs, 132 of them
+    assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 16    # 8 CTAs: 16 pieces of 256 keys
+    assert _splits(4, 32, 1, 4096, 132, "fp8_e4m3") == 32    # fp8 32 heads q_len 1: 32-row CTAs
     # integer arithmetic: a length far beyond float range still gives the capped split count
     assert _splits(1, 16, 1, 2**1100, 132) == 64
     assert _splits(1, 16, 1, 0, 132) == 1

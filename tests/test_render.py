@@ -79,8 +79,9 @@ def test_the_manifest_records_each_variants_path_facts(tmp_path):
 
 
 @pytest.mark.parametrize("variant,rows,second,max_keys,tma,second_tma,balanced", [
-    (Variant(8, 1, "bf16", True), 8, None, 0, False, False, False),
+    (Variant(8, 1, "bf16", True), 8, "rows64", 0, False, False, False),
     (Variant(16, 64, "fp8_e4m3", True), 16, None, 0, False, False, False),
+    (Variant(16, 64, "bf16", True), 16, "rows64", 0, False, True, False),
     (Variant(32, 64, "bf16", True), 32, "rows64", 960, False, True, False),
     (Variant(17, 1, "fp16", False), 32, "rows64", 960, False, False, False),
     (Variant(32, 64, "fp8_e4m3", True), 32, None, 0, False, False, False),
@@ -96,12 +97,14 @@ def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
 
 
 @pytest.mark.parametrize("heads, dtype, q_rows, rows", [
-    (8, "bf16", 8, 8), (8, "bf16", 16, 16), (8, "bf16", 24, 32), (8, "fp8_e4m3", 64, 32), (16, "bf16", 16, 16),
-    (16, "bf16", 32, 32), (16, "fp8_e4m3", 48, 32), (32, "bf16", 64, 32), (64, "bf16", 128, 64), (128, "fp8_e4m3", 8, 64),
+    (8, "bf16", 8, 8), (8, "bf16", 16, 16), (8, "bf16", 24, 32), (8, "bf16", 40, 64), (8, "fp8_e4m3", 64, 32),
+    (16, "bf16", 16, 16), (16, "bf16", 32, 32), (16, "fp16", 48, 64), (16, "fp8_e4m3", 48, 32), (16, "bf16", 128, 64),
+    (32, "bf16", 64, 64), (32, "fp8_e4m3", 64, 32), (64, "bf16", 128, 64), (128, "fp8_e4m3", 8, 64),
 ])
 def test_q_len_rows_share_a_cta_up_to_the_paths_largest_row_block(heads, dtype, q_rows, rows):
-    """rows_for: a transposed variant takes its row block, twice or four times it (up to 32) so that
-    a request's q_len x num_heads rows share one CTA's read of the keys (config.cuh rows_for)."""
+    """rows_for: a transposed variant takes its row block, twice or four times it (up to 32), or (16-bit)
+    its 64-row kernel above that, so that a request's q_len x num_heads rows share one CTA's read of the
+    keys (config.cuh rows_for)."""
     f = Variant(heads, 64, dtype, True).facts
     assert f.rows_for(q_rows) == rows
     assert f.launch_rows(1 << 20, 1, q_rows) == rows  # long splits: the own kernel's rows
@@ -120,12 +123,13 @@ def test_policy_values_match_the_kernels_config():
 
 
 def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):
-    """fp8 split variants of the 64-row path (short-split kernel) and bf16 / fp16 variants of 17..32 heads
-    (their 64-row kernel) render a second unit that instantiates only launch_second; the others keep one."""
+    """fp8 split variants of the 64-row path (short-split kernel) and transposed bf16 / fp16 variants (their
+    64-row kernel) render a second unit that instantiates only launch_second; the others keep one."""
     cfg = _cfg()
-    with_unit = [Variant(64, 64, "fp8_e4m3", True), Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False)]
-    without = [Variant(64, 64, "bf16", True), Variant(64, 64, "fp8_e4m3", False), Variant(16, 64, "fp8_e4m3", True),
-               Variant(32, 64, "fp8_e4m3", False)]
+    with_unit = [Variant(64, 64, "fp8_e4m3", True), Variant(32, 64, "bf16", True), Variant(17, 1, "fp16", False),
+                 Variant(16, 64, "bf16", True)]
+    without = [Variant(64, 64, "bf16", True), Variant(64, 64, "fp8_e4m3", False), Variant(128, 1, "bf16", True),
+               Variant(16, 64, "fp8_e4m3", True), Variant(32, 64, "fp8_e4m3", False)]
     g = tmp_path / "generated"
     render(cfg, with_unit + without, g, tmp_path / "lib.so")
     names = {p.name for p in (g / "variants").glob("*.cu")}
@@ -142,6 +146,7 @@ def test_a_variant_with_a_second_kernel_gets_its_second_unit(tmp_path):
     # removes those of one it does not: 17 heads)
     res = render(cfg, without, g, tmp_path / "lib.so")
     assert sorted(p.name for p in res.removed) == ["mla_decode_h17_p1_fp16_nosplit.cu", "mla_decode_h17_p1_fp16_nosplit_second.cu"]
+    assert (g / "variants" / "mla_decode_h16_p64_bf16_split_second.cu").exists()
     assert (g / "variants" / "mla_decode_h32_p64_bf16_split_second.cu").exists()
 
 
@@ -162,7 +167,7 @@ def test_changing_a_variant_set_rewrites_only_what_depends_on_it(tmp_path):
     narrowed = parse_config("dims: {kv_lora_rank: 512, qk_rope_head_dim: 64}\narch: sm_90a\naxes:\n"
                             "  num_heads: [32]\n  page_size: [64]\n  dtype: [bf16]\n  split: [true]\n", "v.yaml")
     res = render(narrowed, [v2], g, tmp_path / "lib.so")
-    assert res.removed == [g / "variants" / f"{gone.name}.cu"]
+    assert sorted(res.removed) == [g / "variants" / f"{gone.name}.cu", g / "variants" / f"{gone.name}_second.cu"]
 
 
 def test_filters():

@@ -114,11 +114,12 @@ constexpr bool kUseSt = NUM_HEADS <= 32;
 template <int NUM_HEADS, bool kFp8>
 constexpr int kRowBlock = kUseSt<NUM_HEADS, kFp8> ? (NUM_HEADS <= 8 ? 8 : NUM_HEADS <= 16 ? 16 : 32) : kBlockM;
 // A request's q_len x NUM_HEADS rows share one read of its keys when one CTA holds them: a transposed
-// variant also has kernels of twice and four times its row block, up to kStMaxRows, and a launch takes
-// the smallest that holds q_len x NUM_HEADS rows (rows_for). The 64-row path has one row block.
+// variant also has kernels of twice and four times its row block, up to kStMaxRows, and a 16-bit one
+// the 64-row kernel (its second unit, SecondKernel::kRows64) above that; a launch takes the smallest
+// that holds q_len x NUM_HEADS rows (rows_for), at most kMaxRowBlock. The 64-row path has one row block.
 constexpr int kStMaxRows = 32;
 template <int NUM_HEADS, bool kFp8>
-constexpr int kMaxRowBlock = kUseSt<NUM_HEADS, kFp8> ? kStMaxRows : kBlockM;
+constexpr int kMaxRowBlock = kUseSt<NUM_HEADS, kFp8> && kFp8 ? kStMaxRows : kBlockM;
 // The rows per CTA of a launch with q_rows = q_len x NUM_HEADS rows per request, for a variant whose own
 // row block is own_rows and largest max_rows (codegen/variant.py PathFacts.rows_for).
 constexpr int rows_for(int q_rows, int own_rows, int max_rows) {
@@ -143,7 +144,9 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !Ca
 // A variant's second kernel, compiled in its second translation unit (second_kernel.cuh) and launched
 // instead of its own when every split of the launch holds at most kSecondMaxSplitKeys keys:
 // - kShortSplit: fp8 split variants of the 64-row path, 32-token tiles in four stages (kFp8ShortSplitKeys);
-// - kRows64: 17..32-head 16-bit variants, the 64-row kernel beside their transposed one (kSt32MinKeys).
+// - kRows64: transposed 16-bit variants, the 64-row kernel beside their transposed ones. It runs for
+//   requests of more than kStMaxRows rows (rows_for) and, at 17..32 heads, for splits of fewer than
+//   kSt32MinKeys keys.
 enum class SecondKernel : int { kNone = 0, kShortSplit = 1, kRows64 = 2 };
 
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
@@ -151,12 +154,14 @@ struct VariantTraits {
   static constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
   static constexpr int kRows = kRowBlock<NUM_HEADS, kFp8>;
   static constexpr int kMaxRows = kMaxRowBlock<NUM_HEADS, kFp8>;
-  static constexpr SecondKernel kSecond = kFp8 && SPLIT && !kUseSt<NUM_HEADS, kFp8> ? SecondKernel::kShortSplit
-                                          : !kFp8 && kRows == 32                    ? SecondKernel::kRows64
-                                                                                    : SecondKernel::kNone;
-  static constexpr int kSecondMaxSplitKeys = kSecond == SecondKernel::kShortSplit ? kFp8ShortSplitKeys
-                                             : kSecond == SecondKernel::kRows64   ? kSt32MinKeys - kBlockN
-                                                                                  : 0;
+  static constexpr SecondKernel kSecond = kUseSt<NUM_HEADS, kFp8> && !kFp8   ? SecondKernel::kRows64
+                                          : !kUseSt<NUM_HEADS, kFp8> && kFp8 && SPLIT ? SecondKernel::kShortSplit
+                                                                                     : SecondKernel::kNone;
+  // 0: the second kernel never runs for short splits (it may still run for wide requests).
+  static constexpr int kSecondMaxSplitKeys = kSecond == SecondKernel::kShortSplit     ? kFp8ShortSplitKeys
+                                             : kSecond == SecondKernel::kRows64 && kRows == 32
+                                                 ? kSt32MinKeys - kBlockN
+                                                 : 0;
   static constexpr bool kTma = kTmaPages<Cache, PAGE_SIZE, kRows>;
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;

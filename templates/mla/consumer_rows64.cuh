@@ -159,14 +159,18 @@ __device__ __forceinline__ void consume_two_stage(SharedStorage<Cache, kShort>& 
   float alpha[2], m_sub[2], m_new[2];
   wait_barrier(&s.q_full, (c.phases >> 2) & 1);
   // Ordering of the shared hand-overs below. racecheck reports some as hazards: it does not model an
-  // arrive/sync loop (lab/racecheck_named_barriers.cu mode 12 reports the same on an ordered loop;
-  // docs/performance.md, "racecheck"):
+  // arrive/sync loop, unequal crossings of the per-warpgroup barriers before a common one, or stores
+  // handed to a cp.async through an mbarrier (lab/racecheck_named_barriers.cu modes 12, 18 and 20
+  // report the same on ordered code; docs/performance.md, "racecheck"):
   // - row_max[0]: written by warpgroup 0, bar.arrive kBarMaxA; read by warpgroup 1 after bar.sync
   //   kBarMaxA. Warpgroup 0 writes it again only after bar.sync kBarMaxPB, which warpgroup 1 arrives at
   //   after its read. row_max[1] is the mirror image (kBarMaxPB, then kBarMaxA of the next pair).
-  // - P in a stage's RoPE slot: every thread's stores, then bar.sync kBarOwnP + wg over its warpgroup
-  //   (and bar.arrive kBarPA for warpgroup 1), then lane 0's mbarrier arrive on the slot's empty barrier
-  //   (release), then the producer's wait on it (acquire) before its next copy into the slot.
+  // - P in a stage's RoPE slot: written over K's RoPE columns after the warp's wait on its own S wgmma,
+  //   which covers the warpgroup's whole wgmma group (its shared-memory reads included). Then every
+  //   thread's stores, bar.sync kBarOwnP + wg over its warpgroup (and bar.arrive kBarPA from warpgroup
+  //   0, kBarMaxPB from warpgroup 1, which the other syncs on before its P V over the same P), then
+  //   lane 0's mbarrier arrive on the slot's empty barrier (release), then the producer's wait on it
+  //   (acquire) before its next copy into the slot.
 
   for (int i = 0; i < (c.num_tiles + 1) / 2; ++i) {
     const int sa = (2 * i) % kRing, sb = sa + 1;   // the stages of tiles a = 2i and b = 2i + 1

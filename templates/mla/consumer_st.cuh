@@ -282,7 +282,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
   constexpr int kCols = kRows / 4;
   const int wg = c.wg;
   // Ordering (racecheck reports some of these as hazards when warpgroups crossed their own barriers a
-  // different number of times, which it does not model: lab/racecheck_named_barriers.cu mode 15;
+  // different number of times, which it does not model: lab/racecheck_named_barriers.cu modes 15, 18;
   // docs/performance.md, "racecheck"): every
   // hand-over of col_stat / wg_max / o_x / row_out between warpgroups crosses a bar.sync kBarStMerge
   // over all math threads: the statistics before the factors, each warpgroup's O^T pass before the

@@ -66,8 +66,8 @@ __device__ __forceinline__ const void* kv_map_of(const DecodeParams& p) {
 // four stages; a variant's second kernel, config.cuh SecondKernel::kShortSplit).
 // ROWS: query rows per CTA, which picks the path: kBlockM the 64-row one, 8 / 16 / 32 the transposed
 // one. The variant's own kernel takes kRowBlock, and transposed variants also have kernels of larger
-// row blocks up to kStMaxRows for q_len > 1 (config.cuh rows_for); 17..32-head 16-bit variants also
-// have a 64-row kernel (their second kernel, SecondKernel::kRows64).
+// row blocks up to kStMaxRows for q_len > 1 (config.cuh rows_for); the 16-bit ones also a 64-row kernel
+// (their second kernel, SecondKernel::kRows64) for more rows per request.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false, bool SHORT = false,
           int ROWS = kRowBlock<NUM_HEADS, CacheTypes<Cache>::kFp8>>
 __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)

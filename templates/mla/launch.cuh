@@ -96,10 +96,13 @@ int launch(const MlaDecodeArgs* args) {
   p.a = a;
   // The second kernel when every split of the launch is short enough (config.cuh SecondKernel).
   bool second = false;
-  if constexpr (Facts::kSecond != SecondKernel::kNone) {
+  if constexpr (Facts::kSecondMaxSplitKeys > 0) {
     second = max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
   }
   const int rows = second ? Facts::kSecondRows : rows_for(NUM_HEADS * a.q_len, Facts::kRows, Facts::kMaxRows);
+  // A transposed 16-bit variant's 64-row kernel, in its second unit, also serves requests of more than
+  // kStMaxRows rows.
+  if constexpr (Facts::kSecond == SecondKernel::kRows64) second = second || rows == kBlockM;
   p.num_m_blocks = (NUM_HEADS * a.q_len + rows - 1) / rows;
   p.scale_log2 = a.softmax_scale * kLog2e;
 #if MLA_TRACE

@@ -1,11 +1,12 @@
 // A variant's second kernel (config.cuh SecondKernel), compiled in a translation unit of its own
 // (templates/variant_second.cu.j2) so that the variant's own unit holds only its own kernels and NVVM
 // schedules each kernel as it would alone. launch.cuh declares launch_second and calls it when every
-// split of a launch holds at most the variant's kSecondMaxSplitKeys keys:
+// split of a launch holds at most the variant's kSecondMaxSplitKeys keys, or for kRows64 when a
+// request's q_len x NUM_HEADS rows exceed kStMaxRows:
 // - kShortSplit (fp8 split variants of the 64-row path): 32-token tiles in four stages, S first
 //   (mla_decode_kernel<..., SHORT = true>);
-// - kRows64 (17..32-head 16-bit variants, whose own kernel is the transposed one with 32 rows): the
-//   64-row kernel (mla_decode_kernel<..., ROWS = kBlockM>).
+// - kRows64 (transposed bf16/fp16 variants, at most 32 heads): the 64-row kernel
+//   (mla_decode_kernel<..., ROWS = kBlockM>).
 #pragma once
 #include "launch.cuh"
 
