@@ -13,7 +13,9 @@
 //   1. the fast fragments against a byte-by-byte fill of the same (pi, sigma) fragment (ldmatrix and
 //      prmt mapping);
 //   2. O = P V against a CPU product in double (the wgmma register layouts assumed here);
-// then times `reps` rounds of the fast build plus the wgmmas (clock64), against the same wgmmas on
+//   3. colsum(V) over the tile's tokens (the centred-P correction, design.md 3.3) from the same A
+//      fragments times a B of ones (m64 n8 k32): each thread gets the sums of its own O^T rows;
+// then times `reps` rounds of the fast build plus the wgmmas (clock64), the column sums alone, and the same wgmmas on
 // fragments built byte by byte and against the shared-memory V^T chain of lab/fp8_wgmma_probe.cu
 // (O half: 64 x 256 x 64, about 330 cycles with S).
 //
@@ -40,10 +42,12 @@ constexpr int kTok = 64, kLat = 512, kRows = 64, kDims = 256, kMBlocks = kDims /
 
 using LayoutV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<Int<kTok>, Int<kLat>>{}));
 using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<Int<kRows>, Int<kTok>>{}));
+using LayoutOnes = decltype(tile_to_shape(GMMA::Layout_K_SW32_Atom<E4>{}, Shape<_8, Int<kTok>>{}));
 
 struct Smem {
   alignas(1024) E4 v[kTok * kLat];
   alignas(1024) E4 pt[kRows * kTok];  // B operand: [rows x tokens], tokens K-major, in sigma order
+  alignas(1024) E4 ones[8 * kTok];    // B operand of the column sums: 8 columns of 1.0
 };
 
 __host__ __device__ constexpr int sigma(int k) {  // fragment column -> token
@@ -93,6 +97,43 @@ __device__ __forceinline__ void wgmma_64x64x32(const uint32_t (&a)[4], uint64_t 
                                         d[30], d[31], zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
 }
 
+__device__ __forceinline__ void wgmma_64x8x32(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[4], bool zero) {
+  using namespace cute::SM90::GMMA;
+  MMA_64x8x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3],
+                                       zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+}
+
+// The column sums of V over the tile's tokens for this thread's O^T rows, from the same A fragments:
+// V^T x (a B of ones, n 8). cs[mb][0..1] are the sums of rows m = 16 warp + lane / 4 (+ 8) of m-block mb
+// (every column of the n8 result is the same sum).
+__device__ __forceinline__ void colsum(const Smem& s, int warp, int lane, float (&cs)[kMBlocks][4]) {
+  Tensor sones = make_tensor(make_smem_ptr(s.ones), LayoutOnes{});
+  CUTE_UNROLL
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+    CUTE_UNROLL
+    for (int e = 0; e < 4; ++e) warpgroup_fence_operand(cs[mb][e]);
+  }
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+    CUTE_UNROLL
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[4];
+      a_fast(s, mb, ks, warp, lane, a);
+      const uint64_t desc = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(
+          local_tile(sones, Shape<_8, _32>{}, make_coord(0, ks))));
+      wgmma_64x8x32(a, desc, cs[mb], ks == 0);
+    }
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  CUTE_UNROLL
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+    CUTE_UNROLL
+    for (int e = 0; e < 4; ++e) warpgroup_fence_operand(cs[mb][e]);
+  }
+}
+
 template <bool kFast>
 __device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)[kMBlocks][32]) {
   Tensor spt = make_tensor(make_smem_ptr(s.pt), LayoutPt{});
@@ -132,13 +173,16 @@ __device__ __forceinline__ Smem& load_tile(char* smem_raw, const uint8_t* v, con
     const int r = i / kTok, k = i % kTok;
     spt(r, k) = reinterpret_cast<const E4*>(p)[r * kTok + 32 * (k / 32) + sigma(k % 32)];
   }
+  Tensor sones = make_tensor(make_smem_ptr(s.ones), LayoutOnes{});
+  for (int i = tid; i < 8 * kTok; i += 128) sones(i / kTok, i % kTok) = E4(1.f);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   return s;
 }
 
 // v: [tokens][512] raw bytes; p: [rows][tokens] bytes; out: O [rows][256 dims] fp32; bad: fragment mismatches.
-__global__ void __launch_bounds__(128, 1) check(const uint8_t* v, const uint8_t* p, float* out, int* bad) {
+__global__ void __launch_bounds__(128, 1) check(const uint8_t* v, const uint8_t* p, float* out, int* bad,
+                                                float* sums) {
   extern __shared__ char smem_raw[];
   const Smem& s = load_tile(smem_raw, v, p);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -162,6 +206,28 @@ __global__ void __launch_bounds__(128, 1) check(const uint8_t* v, const uint8_t*
       }
     }
   }
+  float cs[kMBlocks][4];
+  colsum(s, warp, lane, cs);
+  if (lane % 4 == 0) {  // columns 0-1 of the n8 result; every column holds the same sum
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      sums[mb * 64 + pi(16 * warp + lane / 4)] = cs[mb][0];
+      sums[mb * 64 + pi(16 * warp + lane / 4 + 8)] = cs[mb][2];
+    }
+  }
+}
+
+// Cycles per round of the column sums alone (the centred-P correction's extra wgmmas).
+__global__ void __launch_bounds__(128, 1) timing_colsum(const uint8_t* v, const uint8_t* p, int reps, long long* cycles,
+                                                        float* sink) {
+  extern __shared__ char smem_raw[];
+  const Smem& s = load_tile(smem_raw, v, p);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float cs[kMBlocks][4];
+  const long long t0 = clock64();
+  for (int r = 0; r < reps; ++r) colsum(s, warp, lane, cs);
+  const long long t1 = clock64();
+  sink[threadIdx.x] = cs[0][0] + cs[kMBlocks - 1][3];
+  if (threadIdx.x == 0) *cycles = (t1 - t0) / reps;
 }
 
 // Cycles per round of pv<kFast> over `reps` rounds (thread 0's clock).
@@ -176,7 +242,11 @@ __global__ void __launch_bounds__(128, 1) timing(const uint8_t* v, const uint8_t
   for (int r = 0; r < reps; ++r) pv<kFast>(s, warp, lane, o);
   const long long t1 = clock64();
   float acc = 0.f;
-  for (int mb = 0; mb < kMBlocks; ++mb) acc += o[mb][threadIdx.x % 32];
+  CUTE_UNROLL
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+    CUTE_UNROLL
+    for (int e = 0; e < 32; ++e) acc += o[mb][e];  // static indices: the accumulators stay in registers
+  }
   sink[threadIdx.x] = acc;
   if (threadIdx.x == 0) *cycles = (t1 - t0) / reps;
 }
@@ -199,7 +269,7 @@ int main() {
   for (auto& b : v) b = rnd();
   for (auto& b : p) b = rnd() & 0x7f;  // P >= 0
   uint8_t *dv, *dp;
-  float *dout, *dsink;
+  float *dout, *dsink, *dsums;
   int* dbad;
   long long* dcyc;
   cudaMalloc(&dv, v.size());
@@ -207,7 +277,8 @@ int main() {
   cudaMalloc(&dout, kRows * kDims * sizeof(float));
   cudaMalloc(&dsink, 128 * sizeof(float));
   cudaMalloc(&dbad, sizeof(int));
-  cudaMalloc(&dcyc, 2 * sizeof(long long));
+  cudaMalloc(&dcyc, 3 * sizeof(long long));
+  cudaMalloc(&dsums, kDims * sizeof(float));
   cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(dp, p.data(), p.size(), cudaMemcpyHostToDevice);
   cudaMemset(dbad, 0, sizeof(int));
@@ -215,7 +286,9 @@ int main() {
   cudaFuncSetAttribute(check, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaFuncSetAttribute(timing<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaFuncSetAttribute(timing<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  check<<<1, 128, smem>>>(dv, dp, dout, dbad);
+  cudaFuncSetAttribute(timing_colsum, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  check<<<1, 128, smem>>>(dv, dp, dout, dbad, dsums);
+  timing_colsum<<<1, 128, smem>>>(dv, dp, 200, dcyc + 2, dsink);
   timing<true><<<1, 128, smem>>>(dv, dp, 200, dcyc, dsink);
   timing<false><<<1, 128, smem>>>(dv, dp, 200, dcyc + 1, dsink);
   const cudaError_t err = cudaDeviceSynchronize();
@@ -225,7 +298,9 @@ int main() {
   }
   std::vector<float> out(kRows * kDims);
   int bad = 0;
-  long long cyc[2];
+  long long cyc[3];
+  std::vector<float> sums(kDims);
+  cudaMemcpy(sums.data(), dsums, kDims * sizeof(float), cudaMemcpyDeviceToHost);
   cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost);
   cudaMemcpy(&bad, dbad, sizeof(int), cudaMemcpyDeviceToHost);
   cudaMemcpy(cyc, dcyc, sizeof cyc, cudaMemcpyDeviceToHost);
@@ -241,11 +316,22 @@ int main() {
       worst = std::fmax(worst, std::fabs(out[n * kDims + d] - ref) / (mag > 0 ? mag : 1.0));
     }
   }
+  double worst_sum = 0.0;
+  for (int d = 0; d < kDims; ++d) {
+    double ref = 0.0, mag = 0.0;
+    for (int t = 0; t < kTok; ++t) {
+      ref += e4m3(v[t * kLat + d]);
+      mag += std::fabs(e4m3(v[t * kLat + d]));
+    }
+    worst_sum = std::fmax(worst_sum, std::fabs(sums[d] - ref) / (mag > 0 ? mag : 1.0));
+  }
+  std::printf("colsum(V) from the A fragments x ones (m64 n8 k32): max |err| / sum |v| = %.2e  %s\n", worst_sum,
+              worst_sum < 1e-2 ? "checked" : "WRONG");
   std::printf("fragments: %d of %d registers differ from the byte-by-byte fill  %s\n", bad,
               128 * 4 * kMBlocks * kKSteps, bad ? "WRONG" : "checked");
   std::printf("O = P V (V^T from registers): max |err| / sum |products| = %.2e  %s\n", worst,
               worst < 1e-2 ? "checked" : "WRONG");
-  std::printf("per round (64 x 256 x 64, one warpgroup): ldmatrix + prmt + wgmma %lld cycles; byte-by-byte fill %lld\n",
-              cyc[0], cyc[1]);
-  return bad != 0 || !(worst < 1e-2);
+  std::printf("per round (64 x 256 x 64, one warpgroup): ldmatrix + prmt + wgmma %lld cycles; byte-by-byte fill %lld; "
+              "colsum alone %lld\n", cyc[0], cyc[1], cyc[2]);
+  return bad != 0 || !(worst < 1e-2) || !(worst_sum < 1e-2);
 }
