@@ -103,16 +103,22 @@ __device__ __forceinline__ void wgmma_64x8x32(const uint32_t (&a)[4], uint64_t d
                                        zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
 }
 
+// Orders the accumulators around the asynchronous wgmmas (before the first arrive, after the wait).
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&x)[kMBlocks][N]) {
+  CUTE_UNROLL
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+    CUTE_UNROLL
+    for (int e = 0; e < N; ++e) warpgroup_fence_operand(x[mb][e]);
+  }
+}
+
 // The column sums of V over the tile's tokens for this thread's O^T rows, from the same A fragments:
 // V^T x (a B of ones, n 8). cs[mb][0..1] are the sums of rows m = 16 warp + lane / 4 (+ 8) of m-block mb
 // (every column of the n8 result is the same sum).
 __device__ __forceinline__ void colsum(const Smem& s, int warp, int lane, float (&cs)[kMBlocks][4]) {
   Tensor sones = make_tensor(make_smem_ptr(s.ones), LayoutOnes{});
-  CUTE_UNROLL
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-    CUTE_UNROLL
-    for (int e = 0; e < 4; ++e) warpgroup_fence_operand(cs[mb][e]);
-  }
+  fence_acc(cs);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int mb = 0; mb < kMBlocks; ++mb) {
@@ -127,21 +133,13 @@ __device__ __forceinline__ void colsum(const Smem& s, int warp, int lane, float 
   }
   warpgroup_commit_batch();
   warpgroup_wait<0>();
-  CUTE_UNROLL
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-    CUTE_UNROLL
-    for (int e = 0; e < 4; ++e) warpgroup_fence_operand(cs[mb][e]);
-  }
+  fence_acc(cs);
 }
 
 template <bool kFast>
 __device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)[kMBlocks][32]) {
   Tensor spt = make_tensor(make_smem_ptr(s.pt), LayoutPt{});
-  CUTE_UNROLL
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-    CUTE_UNROLL
-    for (int e = 0; e < 32; ++e) warpgroup_fence_operand(o[mb][e]);
-  }
+  fence_acc(o);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int mb = 0; mb < kMBlocks; ++mb) {
@@ -156,11 +154,7 @@ __device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)
   }
   warpgroup_commit_batch();
   warpgroup_wait<0>();
-  CUTE_UNROLL
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-    CUTE_UNROLL
-    for (int e = 0; e < 32; ++e) warpgroup_fence_operand(o[mb][e]);
-  }
+  fence_acc(o);
 }
 
 __device__ __forceinline__ Smem& load_tile(char* smem_raw, const uint8_t* v, const uint8_t* p) {
