@@ -113,33 +113,13 @@ __device__ __forceinline__ void fence_acc(float (&x)[kMBlocks][N]) {
   }
 }
 
-// The column sums of V over the tile's tokens for this thread's O^T rows, from the same A fragments:
-// V^T x (a B of ones, n 8). cs[mb][0..1] are the sums of rows m = 16 warp + lane / 4 (+ 8) of m-block mb
-// (every column of the n8 result is the same sum).
-__device__ __forceinline__ void colsum(const Smem& s, int warp, int lane, float (&cs)[kMBlocks][4]) {
-  Tensor sones = make_tensor(make_smem_ptr(s.ones), LayoutOnes{});
-  fence_acc(cs);
-  warpgroup_arrive();
-  CUTE_UNROLL
-  for (int mb = 0; mb < kMBlocks; ++mb) {
-    CUTE_UNROLL
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[4];
-      a_fast(s, mb, ks, warp, lane, a);
-      const uint64_t desc = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(
-          local_tile(sones, Shape<_8, _32>{}, make_coord(0, ks))));
-      wgmma_64x8x32(a, desc, cs[mb], ks == 0);
-    }
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  fence_acc(cs);
-}
-
-template <bool kFast>
-__device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)[kMBlocks][32]) {
-  Tensor spt = make_tensor(make_smem_ptr(s.pt), LayoutPt{});
-  fence_acc(o);
+// acc += V^T B over the tile's 64 tokens for the warpgroup's 4 m-blocks, A = V^T from registers (fast:
+// ldmatrix + prmt; else byte by byte), B [N x 64 tokens] K-major in shared memory: P^T (N 64) or the
+// ones of the column sums (N 8; then every column of a thread's result holds the same sum).
+template <bool kFast, int N, class TensorB>
+__device__ __forceinline__ void vt_chain(const Smem& s, const TensorB& sb, int warp, int lane,
+                                         float (&acc)[kMBlocks][N / 2]) {
+  fence_acc(acc);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int mb = 0; mb < kMBlocks; ++mb) {
@@ -148,13 +128,25 @@ __device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)
       uint32_t a[4];
       if constexpr (kFast) a_fast(s, mb, ks, warp, lane, a); else a_slow(s, mb, ks, warp, lane, a);
       const uint64_t desc = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(
-          local_tile(spt, Shape<Int<kRows>, _32>{}, make_coord(0, ks))));
-      wgmma_64x64x32(a, desc, o[mb], ks == 0);
+          local_tile(sb, Shape<Int<N>, _32>{}, make_coord(0, ks))));
+      if constexpr (N == 8) wgmma_64x8x32(a, desc, acc[mb], ks == 0); else wgmma_64x64x32(a, desc, acc[mb], ks == 0);
     }
   }
   warpgroup_commit_batch();
   warpgroup_wait<0>();
-  fence_acc(o);
+  fence_acc(acc);
+}
+
+// O^T = V^T P^T for this thread's accumulators.
+template <bool kFast>
+__device__ __forceinline__ void pv(const Smem& s, int warp, int lane, float (&o)[kMBlocks][32]) {
+  vt_chain<kFast, kRows>(s, make_tensor(make_smem_ptr(s.pt), LayoutPt{}), warp, lane, o);
+}
+
+// The column sums of V over the tile's tokens for this thread's O^T rows, from the same A fragments:
+// cs[mb][0] and cs[mb][2] are the sums of rows m = 16 warp + lane / 4 and m + 8 of m-block mb.
+__device__ __forceinline__ void colsum(const Smem& s, int warp, int lane, float (&cs)[kMBlocks][4]) {
+  vt_chain<true, 8>(s, make_tensor(make_smem_ptr(s.ones), LayoutOnes{}), warp, lane, cs);
 }
 
 __device__ __forceinline__ Smem& load_tile(char* smem_raw, const uint8_t* v, const uint8_t* p) {
