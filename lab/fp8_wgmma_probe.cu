@@ -91,15 +91,33 @@ __device__ __forceinline__ E4 e4m3_of(uint8_t b) {
 
 // Q, K and V^T from row-major bytes (q [64 x 512], k and v [64 tokens x 512]) into their swizzled
 // shared-memory layouts, by the warpgroup's 128 threads.
-__device__ __forceinline__ void load_operands(Smem8& s, const uint8_t* q, const uint8_t* k, const uint8_t* v, int tid) {
-  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
-  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
-  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
+// The fp8 probe's shared tiles as CuTe tensors.
+struct Views8 {
+  decltype(make_tensor(make_smem_ptr(static_cast<E4*>(nullptr)), LayoutQ8{})) q;
+  decltype(make_tensor(make_smem_ptr(static_cast<E4*>(nullptr)), LayoutK8{})) k;
+  decltype(make_tensor(make_smem_ptr(static_cast<E4*>(nullptr)), LayoutVt8{})) vt;
+  decltype(make_tensor(make_smem_ptr(static_cast<E4*>(nullptr)), LayoutP8{})) p;
+};
+__device__ __forceinline__ Views8 views8(Smem8& s) {
+  return {make_tensor(make_smem_ptr(s.q), LayoutQ8{}), make_tensor(make_smem_ptr(s.k), LayoutK8{}),
+          make_tensor(make_smem_ptr(s.vt), LayoutVt8{}), make_tensor(make_smem_ptr(s.p), LayoutP8{})};
+}
+
+// Q, K and V^T into their tiles (row-major bytes in), then the fence and barrier before the wgmmas;
+// p (nullable): P's bytes too.
+__device__ __forceinline__ void load_operands(Smem8& s, const uint8_t* q, const uint8_t* k, const uint8_t* v,
+                                              const uint8_t* p, int tid) {
+  const Views8 x = views8(s);
   for (int i = tid; i < kM * kLat; i += 128) {
-    sQ(i / kLat, i % kLat) = e4m3_of(q[i]);
-    sK(i / kLat, i % kLat) = e4m3_of(k[i]);
-    sVt(i % kLat, i / kLat) = e4m3_of(v[i]);  // V^T: latent column d's 64 tokens contiguous (before the swizzle)
+    x.q(i / kLat, i % kLat) = e4m3_of(q[i]);
+    x.k(i / kLat, i % kLat) = e4m3_of(k[i]);
+    x.vt(i % kLat, i / kLat) = e4m3_of(v[i]);  // V^T: latent column d's 64 tokens contiguous (before the swizzle)
   }
+  if (p != nullptr) {
+    for (int i = tid; i < kM * kN; i += 128) x.p(i / kN, i % kN) = e4m3_of(p[i]);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
 }
 
 // Inputs as row-major bytes: q [64 x 512], k [64 tokens x 512], v [64 tokens x 512] (the cache's V),
@@ -109,14 +127,8 @@ __global__ void __launch_bounds__(128, 1) probe(const uint8_t* q, const uint8_t*
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem8& s = *reinterpret_cast<Smem8*>(smem_raw);
   const int tid = threadIdx.x;
-  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
-  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
-  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
-  Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
-  load_operands(s, q, k, v, tid);
-  for (int i = tid; i < kM * kN; i += 128) sP(i / kN, i % kN) = e4m3_of(p[i]);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
+  load_operands(s, q, k, v, p, tid);
+  auto [sQ, sK, sVt, sP] = views8(s);
 
   MmaS8 mma_s;
   MmaO8 mma_o;
@@ -202,18 +214,13 @@ __global__ void __launch_bounds__(128, 1) tile_probe(const uint8_t* q, const uin
   Smem8& s = *reinterpret_cast<Smem8*>(smem_raw);
   float* colsum = reinterpret_cast<float*>(smem_raw + sizeof(Smem8));  // [kLat]
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  Tensor sQ = make_tensor(make_smem_ptr(s.q), LayoutQ8{});
-  Tensor sK = make_tensor(make_smem_ptr(s.k), LayoutK8{});
-  Tensor sVt = make_tensor(make_smem_ptr(s.vt), LayoutVt8{});
-  Tensor sP = make_tensor(make_smem_ptr(s.p), LayoutP8{});
-  load_operands(s, q, k, k, tid);  // V is K's latent columns
   for (int d = tid; d < kLat; d += 128) {  // the tile's column sums of V, in fp32
     float a = 0.f;
     for (int t = 0; t < kN; ++t) a += float(e4m3_of(k[t * kLat + d]));
     colsum[d] = a;
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
+  load_operands(s, q, k, k, nullptr, tid);  // V is K's latent columns; the barrier also covers colsum
+  auto [sQ, sK, sVt, sP] = views8(s);
   MmaS8 mma_s;
   MmaO8 mma_o;
   auto thr_s = mma_s.get_thread_slice(tid);
