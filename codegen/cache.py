@@ -130,15 +130,14 @@ def build_variant(variant, echo=print, jobs: int | None = None) -> Path:
     if odd:  # nvcc hands the host compile's paths to a shell
         raise BuildError(f"{where} is {cache_dir()}, whose path holds {' '.join(odd)}, which nvcc's host compile "
                          "would expand; choose a folder without them")
+    lock = filelock.FileLock(str(folder) + ".lock", timeout=_BUILD_LOCK_TIMEOUT_S)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(folder) + ".lock", timeout=_BUILD_LOCK_TIMEOUT_S)
-        with lock:  # the lock file can be made: the folder is writable
-            pass
+        lock.acquire()  # making the lock file also shows the folder is writable
     except OSError as e:
         raise BuildError(f"{where} is {cache_dir()}, which cannot be written ({e.strerror or e}: {e.filename or folder}); "
                          "point MLA_VARIANTS_CACHE at a writable folder") from e
-    with lock:
+    try:
         got = cached_generated_dir(variant)  # another process built it while this one waited
         if got is not None:
             return got
@@ -151,4 +150,6 @@ def build_variant(variant, echo=print, jobs: int | None = None) -> Path:
         tmp = folder / (_STAMP + ".tmp")
         tmp.write_text(json.dumps(stamp, indent=1) + "\n")
         tmp.replace(folder / _STAMP)  # last: a stamp means a complete build
+    finally:
+        lock.release()
     return gen
