@@ -30,6 +30,26 @@ struct DecodeParams {
 #endif
 };
 
+// Where query row (request b, query token qi of the launch's q_len, head h) lives in q, out and lse:
+// element offsets ob * stride_batch + t * stride_token + h * stride_head. Uniform batch: (ob, t) = (b,
+// qi). Varlen (query_start_loc set, abi.h): request b's q_len_b tokens take the last q_len_b rows, row qi
+// is packed token t = query_start_loc[b] + qi - (q_len - q_len_b) and ob = 0. valid is false for
+// padding: h >= num_heads, qi >= q_len, a varlen row before the request's first token, and every row of
+// a request whose tokens do not lie within 0..total_q_tokens with 0 <= q_len_b <= q_len (the varlen
+// fill kernel, combine.cuh, gives those tokens NaN).
+struct QueryRow {
+  bool valid;
+  int ob, t;
+};
+__device__ __forceinline__ QueryRow query_row(const MlaDecodeArgs& a, int b, int qi, int h) {
+  if (qi >= a.q_len || h >= a.num_heads) return {false, 0, 0};
+  if (a.query_start_loc == nullptr) return {true, b, qi};
+  const int start = __ldg(a.query_start_loc + b), end = __ldg(a.query_start_loc + b + 1);
+  const int shift = a.q_len - (end - start);  // rows of the launch before the request's first token
+  if (start < 0 || end < start || end > a.total_q_tokens || shift < 0 || qi < shift) return {false, 0, 0};
+  return {true, 0, start + qi - shift};
+}
+
 // The calling CTA's phase-trace sink for thread `thread` (trace.cuh); a no-op unless MLA_TRACE.
 __device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread) {
 #if MLA_TRACE
