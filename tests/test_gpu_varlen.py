@@ -108,3 +108,47 @@ def test_varlen_op_compiles_fullgraph_and_passes_opcheck():
     assert not _check(case, q, loc, out / 2, lse)
     args = (q[..., :512], q[..., 512:], case.kv_cache, case.block_table, case.seq_lens, loc, 4, case.softmax_scale, 3)
     torch.library.opcheck(torch.ops.mla_variants.mla_decode_varlen.default, args)
+
+
+@pytest.mark.parametrize("loc, bad", [
+    ([0, 2, 7], [2, 3, 4, 5, 6]),          # request 1 has 5 tokens, more than max_q_len 4: its own rows
+    ([1, 3, 7], list(range(7))),           # not starting at 0: every row
+    ([0, 3, 5], [5, 6]),                   # tokens past the last request (padding): their own rows
+    ([0, 4, 2, 7], list(range(7))),        # decreasing: every row
+])
+def test_tokens_no_request_owns_get_nan(loc, bad):
+    """The kernels write only the tokens of well-placed requests and the fill kernel gives the others NaN
+    (outputs prefilled with zeros, so every NaN was written): the same rows as the reference's."""
+    n = len(loc) - 1
+    case, _, _ = _case([40] * n, [4] * n, 16, 16, torch.bfloat16, 11)
+    q = case.q.reshape(-1, 16, 576)[:7].contiguous()
+    loc_t = torch.tensor(loc, dtype=torch.int32, device="cuda")
+    for splits in (1, 3):
+        out = torch.zeros(7, 16, 512, dtype=q.dtype, device="cuda")
+        lse = torch.zeros(16, 7, device="cuda")
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc_t,
+                          max_q_len=4, num_kv_splits=splits, out=out, lse=lse)
+        torch.cuda.synchronize()
+        nan_rows = [t for t in range(7) if torch.isnan(out[t]).all() and torch.isnan(lse[:, t]).all()]
+        assert nan_rows == bad, (loc, splits, nan_rows)
+        good = [t for t in range(7) if t not in bad]
+        assert torch.isfinite(out[good]).all() and torch.isfinite(lse[:, good]).all()
+        ref_out, ref_lse = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens,
+                                                       case.softmax_scale, query_start_loc=loc_t)
+        if good:
+            assert not compare(out[good][None].cpu(), lse[:, good][None].cpu(), ref_out[good][None].cpu(),
+                               ref_lse[:, good][None].cpu()), (loc, splits)
+
+
+@pytest.mark.parametrize("heads", [20, 160])
+def test_masked_heads_and_head_groups(heads):
+    """20 heads run masked on a larger variant, 160 as head groups: each launch's rows find their packed
+    tokens (query_row), per group's head offset."""
+    q_lens, seq_lens = [3, 1, 0, 2], [500, 64, 7, 1300]
+    case, q, loc = _case(seq_lens, q_lens, heads, 64, torch.bfloat16, heads)
+    out = torch.full((q.shape[0], heads, 512), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((heads, q.shape[0]), float("nan"), device="cuda")
+    for splits in (None, 2):
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                          max_q_len=3, num_kv_splits=splits, out=out, lse=lse)
+        assert not _check(case, q, loc, out, lse), (heads, splits)
