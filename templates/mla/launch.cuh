@@ -193,7 +193,8 @@ int launch(const MlaDecodeArgs* args) {
     if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
   }
   if (err == cudaSuccess && a.query_start_loc != nullptr && a.total_q_tokens > 0) {  // combine.cuh
-    mla_varlen_fill_kernel<typename CacheTypes<Cache>::Out><<<unsigned(a.total_q_tokens), kVarlenFillThreads, 0, stream>>>(a);
+    const unsigned blocks = unsigned((int64_t(a.total_q_tokens) + kVarlenFillTokens - 1) / kVarlenFillTokens);
+    mla_varlen_fill_kernel<typename CacheTypes<Cache>::Out><<<blocks, kVarlenFillThreads, 0, stream>>>(a);
     err = cudaGetLastError();
   }
   return int(err);

@@ -45,8 +45,9 @@ __device__ __forceinline__ QueryRow query_row(const MlaDecodeArgs& a, int b, int
   if (qi >= a.q_len || h >= a.num_heads) return {false, 0, 0};
   if (a.query_start_loc == nullptr) return {true, b, qi};
   const int start = __ldg(a.query_start_loc + b), end = __ldg(a.query_start_loc + b + 1);
+  if (start < 0 || end < start || end > a.total_q_tokens) return {false, 0, 0};
   const int shift = a.q_len - (end - start);  // rows of the launch before the request's first token
-  if (start < 0 || end < start || end > a.total_q_tokens || shift < 0 || qi < shift) return {false, 0, 0};
+  if (shift < 0 || qi < shift) return {false, 0, 0};
   return {true, 0, start + qi - shift};
 }
 
