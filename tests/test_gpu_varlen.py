@@ -80,6 +80,26 @@ def test_plan_run_varlen_and_its_graph(dtype):
     assert not _check(case, q, loc, out, lse)
 
 
+def test_balanced_plan_run_varlen_skips_padding_blocks_exactly():
+    """128 heads, q_len up to 4 on the balanced schedule: a request with fewer tokens than the launch's
+    q_len leaves whole 64-row blocks without a placed row, which read no keys (params.cuh row_block_empty)
+    while the blocks of its tokens, shared across CTAs, still combine exactly."""
+    from mla_variants import MLADecodePlan, _binding
+    lib = _binding.library()
+    if not any(k[0] == 128 and k[2] == "bf16" and lib.facts[k].balanced_schedule for k in lib.table):
+        pytest.skip("no 128-head bf16 split variant with the balanced schedule in this build")
+    q_lens, seq_lens = [1, 4, 0, 2, 3, 1], [5000, 300, 2000, 0, 9000, 64]
+    case, q, loc = _case(seq_lens, q_lens, 128, 64, torch.bfloat16, 13)
+    plan = MLADecodePlan(len(q_lens), 128, 64, q_len=4, dtype=torch.bfloat16, max_seq_len=9216, balanced=True)
+    assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * 64)
+    out = torch.full((q.shape[0], 128, 512), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((128, q.shape[0]), float("nan"), device="cuda")
+    plan.run_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                    out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert not _check(case, q, loc, out, lse), plan.scheduled_cut()
+
+
 def test_plan_run_varlen_refuses_an_out_that_shares_memory_with_seq_lens():
     from mla_variants import MLADecodePlan
     case, q, loc = _case([40, 50, 60], [1, 1, 1], 8, 16, torch.bfloat16, 3)
