@@ -507,9 +507,9 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
         inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], q, dtype, gen)
         call, _, _ = decode_call(inputs, splits)
         row["uniform_cold_us"][q] = time_cold(call, flush, args.reps, args.warmup)
-    max_q = max(pattern)
-    splits = case_splits(case, args, max_q, sm_count)
-    inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], max_q, dtype, gen)
+    # The split count mla_decode_varlen's default picks: that of the call's longest request.
+    splits = case_splits(case, args, max(q_lens), sm_count)
+    inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], max(q_lens), dtype, gen)
     call, out, lse, q, loc = varlen_call(inputs, q_lens, splits)
     row["num_kv_splits"] = splits
     if args.check:
@@ -970,9 +970,12 @@ def main(argv=None) -> int:
             rec["seq_lens"] = case["seq_lens"]
         splits = case_splits(case, args, q_len, sm_count)
         split = splits > 1
-        if not is_supported(heads, page, args.dtype, split=split):
+        if args.varlen is not None and not any(varlen_q_lens(batch, args.varlen)):
+            rec["skipped"] = f"no query tokens: every request's q_len in {args.varlen[:batch]} is 0"
+        elif not is_supported(heads, page, args.dtype, split=split):
             rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {args.dtype}, "
                               f"{'split' if split else 'nosplit'}")
+        if rec.get("skipped"):
             print(f"[{i + 1}/{len(cases)}] skip {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['skipped']}", flush=True)
             results.append(rec)
             continue

@@ -11,7 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 5  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 6  # must equal MLA_ABI_VERSION in templates/mla/abi.h
 
 # MlaDecodeArgs.tma_mode (abi.h MlaTmaMode): how full KV tiles on TMA pages are loaded.
 TMA_MODES = {"auto": 0, "off": 1, "require": 2}
@@ -34,7 +34,8 @@ class MlaDecodeArgs(ctypes.Structure):
         ("out", _vp), ("out_stride_batch", _i64), ("out_stride_token", _i64), ("out_stride_head", _i64),
         ("lse", _vp), ("lse_stride_batch", _i64), ("lse_stride_head", _i64), ("lse_stride_token", _i64),
         ("workspace", _vp), ("workspace_bytes", _i64),
-        ("schedule", _vp), ("sched_ctas", _i32), ("tma_mode", _i32),
+        ("schedule", _vp), ("sched_ctas", _i32), ("total_q_tokens", _i32), ("query_start_loc", _vp),
+        ("tma_mode", _i32),
         ("stream", _vp),
     ]
 

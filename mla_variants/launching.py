@@ -40,9 +40,13 @@ def pack(c: Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, 
     """One packed MlaDecodeArgs per launch (head group): [(launcher symbol, struct bytes)]. schedule: the
     device address of a balanced schedule (MLADecodePlan.schedule) for sched_ctas CTAs per row block, or 0.
     max_seq_len: the caller's bound of seq_lens (0: none), from which the launcher picks a variant's
-    second kernel for short splits (templates/mla/launch.cuh). tma: MlaDecodeArgs.tma_mode (tma_mode())."""
+    second kernel for short splits (templates/mla/launch.cuh). tma: MlaDecodeArgs.tma_mode (tma_mode()).
+    A varlen call (c.loc_ptr set, varlen.py) passes query_start_loc and total_q_tokens; its q / out / lse
+    strides are the packed layout's (batch stride 0)."""
     o, ls = c.out, c.lse
     o_ptr, o_st, l_ptr, l_st = o.data_ptr(), o.stride(), ls.data_ptr(), ls.stride()
+    if c.loc_ptr:  # varlen: out [total_q_tokens, heads, 512], lse [heads, total_q_tokens], no batch dimension
+        o_st, l_st = (0, o_st[0], o_st[1]), (0, l_st[0], l_st[1])
     qn_st, qp_st = c.qn_st, c.qp_st
     ws_ptr = workspace.data_ptr() if workspace_bytes else 0
     return [(l.symbol, _binding.pack_args(
@@ -52,7 +56,7 @@ def pack(c: Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, 
         c.kv_ptr, c.kv_st[0], c.kv_st[1], c.k_scale, c.k_scale_ptr, c.bt_ptr, c.bt_st, c.sl_ptr, c.scale,
         o_ptr + l.head_start * o_st[2] * 2, o_st[0], o_st[1], o_st[2],
         l_ptr + l.head_start * l_st[1] * 4, l_st[0], l_st[1], l_st[2],
-        ws_ptr, workspace_bytes, schedule, sched_ctas, tma, stream)) for l in launches]
+        ws_ptr, workspace_bytes, schedule, sched_ctas, c.total_q_tokens, c.loc_ptr, tma, stream)) for l in launches]
 
 
 def launch(c: Call, launches, num_kv_splits: int, workspace: torch.Tensor | None, workspace_bytes: int,

@@ -102,7 +102,6 @@ class MLADecodePlan:
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
-        self._varlen_buffers = None  # run_varlen's padded q, out and lse, made at its first call
         if balanced and self.kv_dtype is dtype:
             try:
                 sl = _binding.library().plan(num_heads, page_size, Q_DTYPES[dtype], True)
@@ -235,36 +234,36 @@ class MLADecodePlan:
         query_start_loc[b] .. query_start_loc[b + 1] - 1; query_start_loc: [batch + 1] int32 on the
         device (0 first, non-decreasing, at most total_q_tokens last; a request's q_len 0..plan.q_len);
         out: [total_q_tokens, num_heads, 512]; lse: [num_heads, total_q_tokens] fp32; the rest as
-        :meth:`run`. The requests run as the plan's uniform step on a padded batch whose buffers the
-        plan allocates at the first run_varlen (max_batch x q_len rows; make that call before capturing
-        a graph); each step then allocates only small index tensors, computed on the device from
-        query_start_loc, so a captured graph follows new query_start_loc and seq_lens values. A request
-        longer than the plan's q_len, or a malformed query_start_loc, gives NaN rows. Returns (out, lse).
+        :meth:`run`. The kernels read the packed layout themselves (the plan's uniform launch with
+        q_len rows per request), so nothing is allocated and a captured graph follows new
+        query_start_loc and seq_lens values. A request longer than the plan's q_len, tokens past
+        query_start_loc[-1], and every token of a malformed query_start_loc get NaN rows. Returns (out, lse).
         Raises what :meth:`run` raises, and MLAInputError for a malformed varlen argument."""
-        from .validation import HEAD_DIM, KV_LORA_RANK
-        from .varlen import run_padded
+        from .varlen import native_call
         if out is None or lse is None:
             fail("out" if out is None else "lse", "a preallocated tensor (MLADecodePlan.run_varlen allocates nothing)", None)
+        if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is not self.kv_dtype:
+            fail("kv_cache", f"{self.kv_dtype} (this plan's kv_dtype)", kv_cache.dtype)
         first = q[0] if isinstance(q, (tuple, list)) and len(q) == 2 else q
         if isinstance(first, torch.Tensor) and first.dim() == 3 and (
                 first.shape[1] != self.num_heads or first.dtype != self.dtype or first.device != self.device):
             fail("q", f"[total_q_tokens, num_heads={self.num_heads}, ...] {self.dtype} on {self.device} (this plan's)",
                  f"num_heads={first.shape[1]}, {first.dtype} on {first.device}")
-        if self._varlen_buffers is None:
-            rows = self.max_batch * self.q_len
-            self._varlen_buffers = (
-                torch.zeros(rows, self.num_heads, HEAD_DIM, dtype=self.dtype, device=self.device),
-                torch.empty(self.max_batch, self.q_len, self.num_heads, KV_LORA_RANK, dtype=self.dtype, device=self.device),
-                torch.empty(self.max_batch, self.num_heads, self.q_len, dtype=torch.float32, device=self.device))
-
-        def decode(q_pad, lens, out_pad, lse_pad):
-            return self.run(q_pad, kv_cache, block_table, lens, softmax_scale, out=out_pad, lse=lse_pad, k_scale=k_scale)
         if query_start_loc is not None and isinstance(query_start_loc, torch.Tensor) and query_start_loc.dim() == 1 \
                 and query_start_loc.shape[0] - 1 > self.max_batch:
             fail("query_start_loc", f"at most max_batch + 1 = {self.max_batch + 1} entries", query_start_loc.shape[0])
-        # out and lse must not share memory with anything the step reads or the plan writes.
-        return run_padded(decode, q, seq_lens, query_start_loc, self.q_len, out, lse, self._varlen_buffers,
-                          inputs=(kv_cache, block_table, seq_lens, k_scale, self.workspace, *self._varlen_buffers))
+        c = native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_loc, self.q_len, out, lse,
+                        k_scale, inputs=(self.workspace,))
+        if c.page_size != self.page_size:
+            fail("kv_cache", f"page_size={self.page_size} (this plan's)", c.page_size)
+        if c.total_q_tokens and self._sched_batch:
+            self._check_scheduled_batch(c.batch)
+            launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
+                   self._schedules[c.batch].data_ptr(), self.sched_ctas)
+        elif c.total_q_tokens:
+            launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
+                   max_seq_len=self.max_seq_len)
+        return out, lse
 
     def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
              *, out: torch.Tensor, lse: torch.Tensor, k_scale=None) -> "BoundDecode":

@@ -149,7 +149,8 @@ class Call:
 
     __slots__ = ("batch", "q_len", "num_heads", "page_size", "dtype", "device_index", "qn_ptr", "qn_st", "qp_ptr",
                  "qp_st", "kv_ptr", "kv_st", "bt_ptr", "bt_st", "max_pages", "sl_ptr", "scale", "out", "lse",
-                 "kv_cache", "block_table", "seq_lens", "key_dtype", "k_scale", "k_scale_ptr", "k_scale_tensor")
+                 "kv_cache", "block_table", "seq_lens", "key_dtype", "k_scale", "k_scale_ptr", "k_scale_tensor",
+                 "loc_ptr", "total_q_tokens")
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +164,7 @@ class Call:
         c = cls()
         c.batch, c.num_heads, c.q_len, c.page_size, c.dtype = batch, num_heads, q_len, page_size, dtype
         c.device_index, c.max_pages, c.key_dtype = device_index, max_pages, DTYPE_TOKEN[kv_dtype or dtype]
+        c.loc_ptr, c.total_q_tokens = 0, 0
         return c
 
 
@@ -233,6 +235,7 @@ def fill_call(c: Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_sc
     c.bt_ptr, c.bt_st, c.max_pages = block_table.data_ptr(), block_table.stride(0), block_table.shape[1]
     c.sl_ptr, c.scale, c.out, c.lse = seq_lens.data_ptr(), float(softmax_scale), out, lse
     c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
+    c.loc_ptr, c.total_q_tokens = 0, 0  # a uniform batch (varlen.py sets them)
     return c
 
 
@@ -294,6 +297,7 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
                 or (out is not None and out.is_neg()) or (lse is not None and lse.is_neg())):
             return None  # a lazily negated view: validate names it
         c = Call()
+        c.loc_ptr, c.total_q_tokens = 0, 0
         c.qn_ptr = q_nope.data_ptr()
         c.qp_ptr = c.qn_ptr + qp_off if qp_off else q_pe.data_ptr()
         c.kv_ptr = kv_cache.data_ptr()
@@ -309,6 +313,37 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
     except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
         # RuntimeError: torch's own, e.g. .stride() of a sparse-CSR or nested tensor; validate names it.
         return None
+
+
+def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: int, dtype, device, q_arg: str) -> bool:
+    """The cache and metadata arguments of a call whose q (named q_arg) has `batch` requests of `dtype` on
+    `device` (MLAInputError naming the argument otherwise); returns whether the cache is fp8."""
+    fp8 = isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is FP8_DTYPE
+    if fp8 and dtype is not torch.bfloat16:
+        fail(q_arg, "bf16 with a float8_e4m3fn kv_cache (q and out are bf16)", dtype)
+    check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
+    if kv_cache.shape[-1] != HEAD_DIM:
+        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    if num_pages < 1 or page_size < 1:
+        fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+    check_tensor("block_table", block_table, 2, torch.int32, device)
+    if block_table.shape[0] != batch or block_table.shape[1] < 1:
+        fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")
+    if block_table.stride(-1) != 1 or block_table.stride(0) < 0:
+        fail("block_table", "a contiguous last dimension", f"strides {tuple(block_table.stride())}")
+    check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
+    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
+        fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
+    try:
+        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE
+    except (TypeError, ValueError, OverflowError):
+        scale_ok = False
+    if not scale_ok or not isinstance(softmax_scale, (int, float)):
+        fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g}, so that scale * log2(e) fits fp32)",
+              shown(softmax_scale))
+    check_k_scale(k_scale, kv_cache, device, softmax_scale)
+    return fp8
 
 
 def validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None) -> Call:
@@ -346,32 +381,7 @@ def validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, o
     if num_heads < 1:
         fail("q", "num_heads (dim 2) >= 1", num_heads)
 
-    # -- cache and metadata --------------------------------------------------------------------
-    fp8 = isinstance(kv_cache, torch.Tensor) and kv_cache.dtype is FP8_DTYPE
-    if fp8 and dtype is not torch.bfloat16:
-        fail(q_arg[0], "bf16 with a float8_e4m3fn kv_cache (q and out are bf16)", dtype)
-    check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
-    if kv_cache.shape[-1] != HEAD_DIM:
-        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
-    if num_pages < 1 or page_size < 1:
-        fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
-    check_tensor("block_table", block_table, 2, torch.int32, device)
-    if block_table.shape[0] != batch or block_table.shape[1] < 1:
-        fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")
-    if block_table.stride(-1) != 1 or block_table.stride(0) < 0:
-        fail("block_table", "a contiguous last dimension", f"strides {tuple(block_table.stride())}")
-    check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
-    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
-        fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
-    try:
-        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE
-    except (TypeError, ValueError, OverflowError):
-        scale_ok = False
-    if not scale_ok or not isinstance(softmax_scale, (int, float)):
-        fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g}, so that scale * log2(e) fits fp32)",
-              shown(softmax_scale))
-    check_k_scale(k_scale, kv_cache, device, softmax_scale)
+    fp8 = check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch, dtype, device, q_arg[0])
 
     # -- outputs -------------------------------------------------------------------------------
     if out is not None:

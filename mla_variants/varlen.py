@@ -1,14 +1,14 @@
 """Variable q_len per request (the engines' varlen layout: MTP and speculative steps whose draft lengths
 differ): q packed as [total_q_tokens, num_heads, 576] with query_start_loc [batch + 1].
 
-How it runs: the packed queries are scattered into a uniform [batch, max_q_len, num_heads, 576] batch,
-each request's q_len_b tokens at its last q_len_b positions (the first max_q_len - q_len_b are zero
-rows), the uniform kernel runs, and the real rows are gathered back. With the mask causal and
-bottom-right aligned, padded position max_q_len - q_len_b + j sees seq_len - (q_len_b - 1 - j) keys:
-exactly what query j of a request with q_len_b new tokens sees. Both index maps are computed on the
-device from query_start_loc (torch.searchsorted), so nothing is read back to the host and the call can
-be captured in a CUDA graph. The padding costs (max_q_len - q_len_b) x num_heads extra query rows per
-request, which share the request's one read of its keys.
+How it runs: the kernels take the packed layout themselves (abi.h query_start_loc): a launch has
+max_q_len query rows per request, and request b's q_len_b tokens take its last q_len_b rows, so with
+the mask causal and bottom-right aligned, row max_q_len - q_len_b + j sees seq_len - (q_len_b - 1 - j)
+keys: exactly what query j of a request with q_len_b new tokens sees. The kernels read each row's q and
+write its out and lse at the packed token's place (params.cuh query_row); the first max_q_len - q_len_b
+rows are padding, which shares the request's one read of its keys. Nothing is derived on the host from
+query_start_loc, so the call can be captured in a CUDA graph. tests/design/varlen_model.py is the same
+computation on a padded uniform batch (scatter, a uniform decode, gather), the CPU model of it.
 
 A request with q_len 0 (an empty slot of a padded batch) writes nothing. Tokens past
 query_start_loc[-1] (an engine padding total_q_tokens to a captured size) belong to no request and get
@@ -44,9 +44,12 @@ def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
             fail("q", f"[total_q_tokens, num_heads, {HEAD_DIM}] (the varlen layout)", f"shape {tuple(q.shape)}")
         first = q
     total, heads = first.shape[0], first.shape[1]
+    if heads < 1:
+        fail("q", "num_heads (dim 1) >= 1", heads)
     check_tensor("query_start_loc", query_start_loc, 1, torch.int32, first.device)
-    if query_start_loc.shape[0] < 2:
-        fail("query_start_loc", "[batch + 1] int32 with batch >= 1", f"shape {tuple(query_start_loc.shape)}")
+    if query_start_loc.shape[0] < 2 or not query_start_loc.is_contiguous():
+        fail("query_start_loc", "a contiguous [batch + 1] int32 tensor with batch >= 1 (the kernels read it)",
+             f"shape {tuple(query_start_loc.shape)}, strides {tuple(query_start_loc.stride())}")
     if out is not None:
         check_tensor("out", out, 3, first.dtype, first.device)
         if tuple(out.shape) != (total, heads, KV_LORA_RANK):
@@ -77,68 +80,48 @@ def _debug_check(query_start_loc: torch.Tensor, total: int, max_q_len: int) -> N
                                 f"each request's q_len (the differences) at most max_q_len = {max_q_len}", loc)
 
 
-def padded_index(query_start_loc: torch.Tensor, total_q_tokens: int, max_q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, valid): for each packed token t, its row dst[t] in the padded [batch * max_q_len] layout
-    (request b's q_len_b tokens at its last q_len_b rows), and whether t is valid: query_start_loc is
-    well formed and places t in a request of at most max_q_len tokens (else dst[t] is 0). Device tensors, no host
-    synchronization. query_start_loc: [batch + 1] int32."""
-    loc = query_start_loc.to(torch.int64)
-    t = torch.arange(total_q_tokens, device=loc.device, dtype=torch.int64)
-    batch = loc.shape[0] - 1
-    b = torch.searchsorted(loc[1:].contiguous(), t, right=True)  # requests that end at or before t
-    bc = b.clamp_max(batch - 1)
-    start, q_len = loc[bc], loc[bc + 1] - loc[bc]
-    pos = t - start
-    # A query_start_loc that is not 0 = first <= ... <= last <= total makes every token invalid (no
-    # single request's rows can be trusted then); a request longer than max_q_len only its own, and
-    # tokens past the last request (an engine's padding of total_q_tokens) only themselves.
-    whole = (loc[0] == 0) & (loc[-1] <= total_q_tokens) & (loc[1:] >= loc[:-1]).all()
-    valid = whole & (b < batch) & (pos >= 0) & (pos < q_len) & (q_len <= max_q_len)
-    dst = bc * max_q_len + (max_q_len - q_len) + pos
-    return torch.where(valid, dst, torch.zeros_like(dst)), valid
-
-
-def run_padded(decode, q, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, out=None,
-               lse=None, buffers=None, inputs=()):
-    """The varlen call through `decode(q_pad, seq_lens, out_pad, lse_pad)` (mla_decode, MLADecodePlan.run
-    or the reference, on q_pad [batch, max_q_len, num_heads, 576]; out_pad / lse_pad None, or the
-    uniform outputs to write) on the padded uniform batch (module docstring). buffers: None (q_pad
-    allocated here, the outputs by decode), or (q_pad [>= batch * max_q_len, num_heads, 576], out_pad
-    [>= batch, max_q_len, num_heads, 512], lse_pad [>= batch, num_heads, max_q_len] fp32). Returns (out
-    [total_q_tokens, num_heads, 512], lse [num_heads, total_q_tokens] fp32). inputs: the call's other
-    tensors (kv_cache, block_table, k_scale), which out and lse must not overlap."""
-    total, heads = _check(q, query_start_loc, max_q_len, out, lse, inputs)
-    first = q[0] if isinstance(q, (tuple, list)) else q
+def native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_loc, max_q_len: int, out, lse,
+                k_scale, inputs=(), debug: bool = False):
+    """The validated launch of a varlen step in the packed layout (validation.Call with query_start_loc:
+    batch = len(query_start_loc) - 1 requests of max_q_len rows, q / out / lse strides of the packed
+    tensors with batch stride 0). out / lse are allocated when None. MLAInputError names a bad argument;
+    debug: query_start_loc is checked on the host first."""
+    from .validation import Call, check_cache, check_layout, set_scale
+    total, heads = _check(q, query_start_loc, max_q_len, out, lse, (kv_cache, block_table, seq_lens, k_scale, *inputs))
+    if debug:
+        _debug_check(query_start_loc, total, max_q_len)
+    pair = isinstance(q, (tuple, list))
+    q_nope, q_pe = (q[0], q[1]) if pair else (q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:])
+    names = ("q_nope", "q_pe") if pair else ("q", "q")
+    dtype, device = q_nope.dtype, q_nope.device
     batch = query_start_loc.shape[0] - 1
-    check_tensor("seq_lens", seq_lens, 1, torch.int32, first.device)
-    if seq_lens.shape[0] != batch:
-        fail("seq_lens", f"[batch = len(query_start_loc) - 1 = {batch}] int32", f"shape {tuple(seq_lens.shape)}")
-    dst, valid = padded_index(query_start_loc, total, max_q_len)
-    rows = batch * max_q_len
-    if buffers is None:
-        q_pad = torch.zeros(rows, heads, HEAD_DIM, dtype=first.dtype, device=first.device)
-        out_pad = lse_pad = None
-    else:
-        q_pad, out_pad, lse_pad = buffers[0][:rows], buffers[1][:batch], buffers[2][:batch]
-        q_pad.zero_()
-    packed = torch.cat([q[0], q[1]], dim=-1) if isinstance(q, (tuple, list)) else q
-    # Tokens that are not valid land on row 0 as zeros (dropping them instead would need their count
-    # on the host).
-    q_pad.index_put_((dst,), packed.masked_fill(~valid[:, None, None], 0), accumulate=True)
-    out_pad, lse_pad = decode(q_pad.view(batch, max_q_len, heads, HEAD_DIM), seq_lens, out_pad, lse_pad)
-    # Gathered straight into out / lse (index_select's out=), then the invalid tokens' rows set to NaN
-    # with a Python scalar (no host-to-device copy, so the call stays capturable).
-    flat_out = out_pad.reshape(rows, heads, KV_LORA_RANK)
-    if out is None or out.dtype != flat_out.dtype or not out.is_contiguous():
-        got = flat_out.index_select(0, dst)
-        out = got.to(first.dtype) if out is None else out.copy_(got)
-    else:
-        torch.index_select(flat_out, 0, dst, out=out)
-    out.masked_fill_(~valid[:, None, None], float("nan"))
-    got_lse = lse_pad.float().transpose(0, 1).reshape(heads, rows).index_select(1, dst)  # [heads, total]: small
-    lse = got_lse if lse is None else lse.copy_(got_lse)
-    lse.masked_fill_(~valid[None, :], float("nan"))
-    return out, lse
+    fp8 = check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch, dtype, device, names[0])
+    if device.type != "cuda":
+        fail(names[0], "a CUDA tensor", f"a tensor on {device}")
+    if total:
+        check_layout(names[0], q_nope, 8)
+        check_layout(names[1], q_pe, 8)
+        check_layout("kv_cache", kv_cache, 16 if fp8 else 8)
+    if out is None:
+        out = torch.empty(total, heads, KV_LORA_RANK, dtype=dtype, device=device)
+    elif total:
+        check_layout("out", out, 4)
+    if lse is None:
+        lse = torch.empty(heads, total, dtype=torch.float32, device=device)
+    elif min(lse.stride(), default=0) < 0:
+        fail("lse", "non-negative strides", f"strides {tuple(lse.stride())}")
+    c = Call()
+    c.batch, c.q_len, c.num_heads, c.page_size, c.dtype = batch, max_q_len, heads, kv_cache.shape[1], dtype
+    c.device_index = device.index
+    c.qn_ptr, c.qn_st = q_nope.data_ptr(), (0, q_nope.stride(0), q_nope.stride(1))
+    c.qp_ptr, c.qp_st = q_pe.data_ptr(), (0, q_pe.stride(0), q_pe.stride(1))
+    c.kv_ptr, c.kv_st = kv_cache.data_ptr(), kv_cache.stride()
+    c.bt_ptr, c.bt_st, c.max_pages = block_table.data_ptr(), block_table.stride(0), block_table.shape[1]
+    c.sl_ptr, c.scale, c.out, c.lse = seq_lens.data_ptr(), float(softmax_scale), out, lse
+    c.kv_cache, c.block_table, c.seq_lens = kv_cache, block_table, seq_lens
+    c.loc_ptr, c.total_q_tokens = query_start_loc.data_ptr(), total
+    set_scale(c, kv_cache, k_scale)
+    return c
 
 
 def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -167,19 +150,30 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
     max_q_len, q, out or lse for a malformed varlen argument.
     Math: as mla_decode per request (softmax attention over the request's cached latent rows).
     """
-    from .api import mla_decode
+    from . import _binding, launching
+    from .api import choose_launches, workspace_size
+    from .validation import MAX_KV_SPLITS, debug_check
 
     if debug is not False and debug is not True:
         fail("debug", "a bool", shown(debug))
-    inputs = (kv_cache, block_table, seq_lens, k_scale)
-    total, _ = _check(q, query_start_loc, max_q_len, out, lse, inputs)
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or not 1 <= max_seq_len <= 2**31 - 1):
+        fail("max_seq_len", "None or an int from 1 to 2**31 - 1 (an upper bound of seq_lens)", shown(max_seq_len))
+    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
+                                      or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
+        fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))
+    c = native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_loc, max_q_len, out, lse, k_scale,
+                    debug=debug)
+    if c.total_q_tokens == 0:
+        return c.out, c.lse
+    lib = _binding.library()
+    launches, splits = choose_launches(lib, c, num_kv_splits, max_seq_len)
     if debug:
-        _debug_check(query_start_loc, total, max_q_len)
-
-    def decode(q_pad, seq_lens, _out, _lse):
-        return mla_decode(q_pad, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits=num_kv_splits,
-                          max_seq_len=max_seq_len, k_scale=k_scale, debug=debug)
-    return run_padded(decode, q, seq_lens, query_start_loc, max_q_len, out, lse, inputs=inputs)
+        debug_check(kv_cache, block_table, seq_lens, c.page_size)
+    need = workspace_size(c.batch, max(l.num_heads for l in launches), c.q_len, splits)
+    workspace = torch.empty(need, dtype=torch.uint8, device=c.device) if need else None
+    launching.launch(c, launches, splits, workspace, need, max_seq_len=max_seq_len or 0)
+    return c.out, c.lse
 
 
 def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

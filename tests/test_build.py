@@ -57,7 +57,7 @@ def test_build_links_loads_and_matches_manifest(ci_build):
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
-    assert lib.mla_variants_abi_version() == _binding.ABI_VERSION == 5
+    assert lib.mla_variants_abi_version() == _binding.ABI_VERSION == 6
     for entry in manifest["variants"]:
         assert hasattr(lib, entry["name"]), entry["name"]
     from mla_variants._binding import Library

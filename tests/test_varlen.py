@@ -1,5 +1,5 @@
-"""Variable q_len per request (mla_variants/varlen.py): the padded uniform batch it runs equals the
-per-request reference, on the CPU with the fp32 reference as the decode (the GPU half, with the
+"""Variable q_len per request (mla_variants/varlen.py): the kernels' placement, modelled as a padded
+uniform batch (tests/design/varlen_model.py), equals the per-request reference, on the CPU with the fp32 reference as the decode (the GPU half, with the
 kernels and CUDA graphs, is in test_gpu_varlen.py); malformed query_start_loc gives NaN rows, or
 MLAInputError with debug=True; argument errors name the argument."""
 import math
@@ -9,7 +9,7 @@ import torch
 
 from mla_variants import MLAInputError, mla_decode_reference, mla_decode_varlen, mla_decode_varlen_reference
 from mla_variants.testing import compare, make_paged_case
-from mla_variants.varlen import padded_index, run_padded
+from design.varlen_model import padded_index, run_padded
 
 
 def packed_case(seq_lens, q_lens, num_heads, page_size, dtype=torch.bfloat16, seed=0, device="cpu"):

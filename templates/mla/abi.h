@@ -7,7 +7,7 @@
 #pragma once
 #include <stdint.h>
 
-#define MLA_ABI_VERSION 5
+#define MLA_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +64,15 @@ typedef struct MlaDecodeArgs {
   // and CTA c covers the (request, tile) range the schedule gives it, crossing request boundaries.
   const int32_t* schedule;
   int32_t sched_ctas;
+  // Varlen (mla_decode_varlen): total_q_tokens rows of a packed q / out ([total_q_tokens, num_heads,
+  // ...]: the strides' token dimension; stride_batch 0) and columns of lse ([num_heads,
+  // total_q_tokens]). query_start_loc: [batch + 1] int32 on the device; request b's q_len_b =
+  // query_start_loc[b + 1] - query_start_loc[b] (0..q_len) tokens start at row query_start_loc[b] and
+  // take the last q_len_b of the launch's q_len query rows, so the causal bound stays bottom-right.
+  // Tokens of no request, and every token when query_start_loc is malformed, get NaN out and lse.
+  // Null for a uniform batch.
+  int32_t total_q_tokens;
+  const int32_t* query_start_loc;
 
   // How full KV tiles on TMA pages are loaded (MlaTmaMode): MlaTmaAuto by TMA where the cache's tensor
   // map can be encoded, else by cp.async; MlaTmaOff always by cp.async; MlaTmaRequire fails

@@ -9,6 +9,7 @@
 #include "abi.h"
 #include "arch.cuh"
 #include "config.cuh"
+#include "params.cuh"
 #include "schedule.cuh"
 #include "workspace.cuh"
 
@@ -78,16 +79,18 @@ __device__ __forceinline__ void accumulate(float4& acc, float w, const float4& o
 template <class Out>
 __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, int qi, int h, int col, float4 acc,
                                                float sum, float max_lse, bool bad, bool lane0) {
+  const QueryRow q = query_row(a, b, qi, h);
+  if (!q.valid) return;  // a varlen padding row (its partials were never written)
   float inv = sum > 0.f ? 1.f / sum : 0.f;
   if (bad) inv = sum = __int_as_float(0x7fc00000);
-  Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+  Out* dst = static_cast<Out*>(a.out) + int64_t(q.ob) * a.out_stride_batch + int64_t(q.t) * a.out_stride_token +
              int64_t(h) * a.out_stride_head + col;
   uint2 packed;
   packed.x = pack2<Out>(acc.x * inv, acc.y * inv);
   packed.y = pack2<Out>(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(dst) = packed;
   if (lane0) {
-    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] =
+    a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] =
         bad ? sum : (sum > 0.f ? max_lse + logf(sum) : -INFINITY);
   }
 }
@@ -398,7 +401,12 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
   const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
   int64_t i = blockIdx.x;
-  if (i >= rows) return;
+  if (i >= rows) {
+    // Every CTA may leave here (no request shared); one waits, so that this grid's completion implies
+    // the decode grid's, whose CTAs wrote out directly (stream order for the caller's next kernel).
+    if (blockIdx.x == 0) wait_for_decode_grid();
+    return;
+  }
   const SplitWorkspace<P> ws = split_workspace<P>(a);
   const ScheduleView sv{a.schedule, a.sched_ctas};
   // The row's request and its pieces; the first row's are read before the wait (the schedule kernel
@@ -421,6 +429,56 @@ __global__ void __launch_bounds__(kCombineThreads)
     i += gridDim.x;
     if (i >= rows) break;
     locate(i, b, in_req, first_row, pieces);
+  }
+}
+
+// Varlen launches (abi.h): out and lse of the packed tokens no request owns get NaN: tokens past
+// query_start_loc[batch], those of a request longer than q_len, and every token when query_start_loc
+// is malformed (not 0 first, decreasing, or past total_q_tokens), whose overlapping requests may have
+// written anything. A CTA per kVarlenFillTokens tokens, run after the decode and combine kernels,
+// which write only the tokens of well-placed requests (params.cuh query_row).
+constexpr int kVarlenFillThreads = 128;
+constexpr int kVarlenFillTokens = 16;
+template <class Out>
+__global__ void __launch_bounds__(kVarlenFillThreads) mla_varlen_fill_kernel(const __grid_constant__ MlaDecodeArgs a) {
+  __shared__ int unowned[kVarlenFillTokens];
+  const int32_t* loc = a.query_start_loc;
+  bool malformed = false;
+  for (int b = int(threadIdx.x); b < a.batch; b += kVarlenFillThreads) malformed |= __ldg(loc + b + 1) < __ldg(loc + b);
+  if (threadIdx.x == 0) malformed |= __ldg(loc) != 0 || __ldg(loc + a.batch) > a.total_q_tokens;
+  malformed = __syncthreads_or(malformed);
+  const int t0 = int(blockIdx.x) * kVarlenFillTokens;
+  if (threadIdx.x < kVarlenFillTokens) {
+    const int t = t0 + int(threadIdx.x);
+    bool u = false;
+    if (t < a.total_q_tokens) {
+      if (malformed || t >= __ldg(loc + a.batch)) {
+        u = true;  // malformed, or past the last request: no owner
+      } else {
+        // the request that owns t: the last b with loc[b] <= t (loc non-decreasing, loc[0] = 0 <= t)
+        int lo = 0, hi = a.batch - 1;
+        while (lo < hi) {
+          const int mid = lo + (hi - lo + 1) / 2;
+          if (__ldg(loc + mid) <= t) lo = mid; else hi = mid - 1;
+        }
+        u = __ldg(loc + lo + 1) - __ldg(loc + lo) > a.q_len;  // longer than q_len: the decode skipped it
+      }
+    }
+    unowned[threadIdx.x] = u;
+  }
+  __syncthreads();
+  const uint32_t nan2 = pack2<Out>(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+  for (int k = 0; k < kVarlenFillTokens; ++k) {
+    if (!unowned[k]) continue;  // the same for the whole CTA
+    const int64_t t = t0 + k;
+    Out* row = static_cast<Out*>(a.out) + t * a.out_stride_token;
+    for (int i = int(threadIdx.x); i < a.num_heads * (kHeadDimV / 4); i += kVarlenFillThreads) {
+      const int h = i / (kHeadDimV / 4), col = (i % (kHeadDimV / 4)) * 4;
+      *reinterpret_cast<uint2*>(row + int64_t(h) * a.out_stride_head + col) = make_uint2(nan2, nan2);
+    }
+    for (int h = int(threadIdx.x); h < a.num_heads; h += kVarlenFillThreads) {
+      a.lse[int64_t(h) * a.lse_stride_head + t * a.lse_stride_token] = __int_as_float(0x7fc00000);
+    }
   }
 }
 

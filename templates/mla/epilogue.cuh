@@ -68,7 +68,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
     const int grow = m_block * kBlockM + row0 + 8 * r;
     const int qi = grow / NUM_HEADS;
     const int h = grow % NUM_HEADS;
-    const bool valid = qi < a.q_len && h < a.num_heads;  // the same for the four lanes of a row
+    const QueryRow q = query_row(a, b, qi, h);
+    const bool valid = q.valid;  // the same for the four lanes of a row
     if (piece_row >= 0) {
       const SplitWorkspace<P> ws = split_workspace<P>(a);
       const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
@@ -84,11 +85,11 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int b, int64_t
       }
       if (valid && wg == 0 && lane % 4 == 0) ws.lse[ws_row] = lse[r];
     } else {
-      Out* row = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+      Out* row = static_cast<Out*>(a.out) + int64_t(q.ob) * a.out_stride_batch + int64_t(q.t) * a.out_stride_token +
                  int64_t(h) * a.out_stride_head + wg * (kHeadDimV / kNumWarpgroups);
       store_16_pairs<Out>(row, valid, o, r, inv_sum[r], lane);
       if (valid && wg == 0 && lane % 4 == 0) {
-        a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
+        a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse[r];
       }
     }
   }
@@ -164,18 +165,21 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {  // lse: one thread per row, as in store_rows
     const int grow = m_block * kBlockM + row0 + 8 * r;
-    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
-    if (wg != 0 || lane % 4 != 0 || qi >= a.q_len || h >= a.num_heads) continue;
-    a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse[r];
+    if (wg != 0 || lane % 4 != 0) continue;
+    const int h = grow % NUM_HEADS;
+    const QueryRow q = query_row(a, b, grow / NUM_HEADS, h);
+    if (!q.valid) continue;
+    a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse[r];
   }
   stage_o<Out>(stage, lane, row0, o, inv_sum);
   warpgroup_barrier(kBarOwnP + wg);
   auto dst_of = [&](uint32_t row) -> char* {
     const uint32_t grow = uint32_t(m_block) * kBlockM + row;
-    const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
-    if (qi >= a.q_len || h >= a.num_heads) return nullptr;
-    return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch +
-                                   int64_t(qi) * a.out_stride_token + int64_t(h) * a.out_stride_head +
+    const int h = int(grow % NUM_HEADS);
+    const QueryRow q = query_row(a, b, int(grow / NUM_HEADS), h);
+    if (!q.valid) return nullptr;
+    return reinterpret_cast<char*>(static_cast<Out*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
+                                   int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head +
                                    wg * (kHeadDimV / kNumWarpgroups));
   };
   const bool aligned16 = ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Out) |
@@ -192,8 +196,8 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
 // inv_sum): to the workspace row of (split, b, qi, h) with its lse (kToWs; P the partials' type),
 // else to out and lse.
 template <class Out, class P, bool kToWs>
-__device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int split, int qi, int h, int d0, float4 lo,
-                                             float4 hi, float inv_sum, float lse) {
+__device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int split, int qi, int h, QueryRow q, int d0,
+                                             float4 lo, float4 hi, float inv_sum, float lse) {
   if constexpr (kToWs) {
     const SplitWorkspace<P> ws = split_workspace<P>(a);
     const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
@@ -202,14 +206,14 @@ __device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int 
                    make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
     if (d0 == 0) ws.lse[ws_row] = lse;
   } else {
-    Out* dst = static_cast<Out*>(a.out) + int64_t(b) * a.out_stride_batch + int64_t(qi) * a.out_stride_token +
+    Out* dst = static_cast<Out*>(a.out) + int64_t(q.ob) * a.out_stride_batch + int64_t(q.t) * a.out_stride_token +
                int64_t(h) * a.out_stride_head + d0;
     reinterpret_cast<uint2*>(dst)[0] =
         make_uint2(pack2<Out>(lo.x * inv_sum, lo.y * inv_sum), pack2<Out>(lo.z * inv_sum, lo.w * inv_sum));
     reinterpret_cast<uint2*>(dst)[1] =
         make_uint2(pack2<Out>(hi.x * inv_sum, hi.y * inv_sum), pack2<Out>(hi.z * inv_sum, hi.w * inv_sum));
     if (d0 == 0) {
-      a.lse[int64_t(b) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(qi) * a.lse_stride_token] = lse;
+      a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
     }
   }
 }
@@ -242,11 +246,12 @@ __device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, Storage&
   for (uint32_t n = uint32_t(tid) / kThreadsPerOutRow; n < uint32_t(kRows); n += kRowsPerPass) {
     const uint32_t grow = uint32_t(m_block) * kRows + n;
     const int qi = int(grow / NUM_HEADS), h = int(grow % NUM_HEADS);
-    if (qi >= a.q_len || h >= a.num_heads) continue;
+    const QueryRow q = query_row(a, b, qi, h);
+    if (!q.valid) continue;
     const float inv_sum = s.row_out[0][n], lse = s.row_out[1][n];
     const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
     float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
-    store_st_row<Out, Partial<Out, NUM_HEADS>, kToWs>(a, b, split, qi, h, int(d0), lo, hi, inv_sum, lse);
+    store_st_row<Out, Partial<Out, NUM_HEADS>, kToWs>(a, b, split, qi, h, q, int(d0), lo, hi, inv_sum, lse);
   }
 }
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
-  if constexpr (!SCHED) w0 = cta_work<PAGE_SIZE>(p);
+  if constexpr (!SCHED) w0 = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
 
   if (threadIdx.x == (kQFirst ? kProducerThreads : 0)) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     consume_scheduled<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, s);
     return;
   }
-  const CtaWork w = cta_work<PAGE_SIZE>(p);  // hides behind the wait for Q
+  const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);  // hides behind the wait for Q
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
             num_tiles = w.num_tiles;
   const bool bad_len = w.bad_len;

@@ -68,7 +68,8 @@ int launch(const MlaDecodeArgs* args) {
   const MlaDecodeArgs& a = *args;
   if (a.batch < 0 || a.q_len < 1 || a.num_heads < 1 || a.num_heads > NUM_HEADS || a.num_kv_splits < 1 ||
       a.num_kv_splits > 65535 || (!SPLIT && a.num_kv_splits != 1) || a.max_pages_per_seq < 1 || a.max_seq_len < 0 ||
-      a.tma_mode < MlaTmaAuto || a.tma_mode > MlaTmaRequire) {
+      a.tma_mode < MlaTmaAuto || a.tma_mode > MlaTmaRequire ||
+      (a.query_start_loc != nullptr && a.total_q_tokens < 0)) {
     return int(cudaErrorInvalidValue);
   }
   if (CacheTypes<Cache>::kFp8 && a.k_scale_ptr == nullptr && !(a.k_scale > 0.f && a.k_scale < INFINITY)) {
@@ -190,6 +191,11 @@ int launch(const MlaDecodeArgs* args) {
     config.numAttrs = 1;
     err = cudaLaunchKernelEx(&config, combine_kernel, a);
     if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
+  }
+  if (err == cudaSuccess && a.query_start_loc != nullptr && a.total_q_tokens > 0) {  // combine.cuh
+    const unsigned blocks = unsigned((int64_t(a.total_q_tokens) + kVarlenFillTokens - 1) / kVarlenFillTokens);
+    mla_varlen_fill_kernel<typename CacheTypes<Cache>::Out><<<blocks, kVarlenFillThreads, 0, stream>>>(a);
+    err = cudaGetLastError();
   }
   return int(err);
 }

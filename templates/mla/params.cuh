@@ -30,6 +30,40 @@ struct DecodeParams {
 #endif
 };
 
+// Where query row (request b, query token qi of the launch's q_len, head h) lives in q, out and lse:
+// element offsets ob * stride_batch + t * stride_token + h * stride_head. Uniform batch: (ob, t) = (b,
+// qi). Varlen (query_start_loc set, abi.h): request b's q_len_b tokens take the last q_len_b rows, row qi
+// is packed token t = query_start_loc[b] + qi - (q_len - q_len_b) and ob = 0. valid is false for
+// padding: h >= num_heads, qi >= q_len, a varlen row before the request's first token, and every row of
+// a request whose tokens do not lie within 0..total_q_tokens with 0 <= q_len_b <= q_len (the varlen
+// fill kernel, combine.cuh, gives those tokens NaN).
+struct QueryRow {
+  bool valid;
+  int ob, t;
+};
+__device__ __forceinline__ QueryRow query_row(const MlaDecodeArgs& a, int b, int qi, int h) {
+  if (qi >= a.q_len || h >= a.num_heads) return {false, 0, 0};
+  if (a.query_start_loc == nullptr) return {true, b, qi};
+  const int start = __ldg(a.query_start_loc + b), end = __ldg(a.query_start_loc + b + 1);
+  if (start < 0 || end < start || end > a.total_q_tokens) return {false, 0, 0};
+  const int shift = a.q_len - (end - start);  // rows of the launch before the request's first token
+  if (shift < 0 || qi < shift) return {false, 0, 0};
+  return {true, 0, start + qi - shift};
+}
+
+// Whether the query-row block m_block of ROWS rows (row = qi * NUM_HEADS + h) lies wholly before request
+// b's first token in a varlen launch (its q_len_b = query_start_loc[b + 1] - query_start_loc[b] is below
+// the launch's q_len): such a CTA reads no keys and, query_row placing none of its rows, writes no out
+// or lse row (a workspace piece it writes is never combined: the combine places rows by query_row too).
+// Both roles of a CTA evaluate it alike. A malformed request's rows, which query_row never places, may
+// or may not count as empty; either way nothing of them is stored.
+template <int NUM_HEADS, int ROWS>
+__device__ __forceinline__ bool row_block_empty(const MlaDecodeArgs& a, int b, int m_block) {
+  if (a.query_start_loc == nullptr) return false;
+  const int last_qi = min(a.q_len - 1, (m_block * ROWS + ROWS - 1) / NUM_HEADS);
+  return last_qi < a.q_len - (__ldg(a.query_start_loc + b + 1) - __ldg(a.query_start_loc + b));
+}
+
 // The calling CTA's phase-trace sink for thread `thread` (trace.cuh); a no-op unless MLA_TRACE.
 __device__ __forceinline__ TraceSink trace_at(const DecodeParams& p, int thread) {
 #if MLA_TRACE
@@ -87,13 +121,16 @@ __device__ __forceinline__ void cta_coords(const DecodeParams& p, int& b, int& m
   b = int(cx) / p.num_m_blocks;
   split = int(cy);
 }
-template <int PAGE_SIZE>
+// The uniform launch's work of this CTA; none (num_tiles 0) for a row block without a placed row
+// (row_block_empty).
+template <int NUM_HEADS, int PAGE_SIZE, int ROWS>
 __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
   const MlaDecodeArgs& a = p.a;
   CtaWork w;
   cta_coords(p, w.b, w.m_block, w.split);
   w.seq_len = checked_seq_len<PAGE_SIZE>(a, w.b, w.bad_len);
   split_range(w.seq_len, a.num_kv_splits, w.split, w.kv_begin, w.kv_end);
+  if (row_block_empty<NUM_HEADS, ROWS>(a, w.b, w.m_block)) w.kv_end = w.kv_begin;
   w.num_tiles = tiles_of(w.kv_end - w.kv_begin);
   return w;
 }

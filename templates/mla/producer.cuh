@@ -7,6 +7,7 @@
 #include "arch.cuh"
 #include "config.cuh"
 #include "layouts.cuh"
+#include "params.cuh"
 
 namespace mla {
 
@@ -29,13 +30,13 @@ struct QRowSource {
 // grow: the row's index over the request's q_len x NUM_HEADS rows (m_block * rows per CTA + row).
 template <int NUM_HEADS>
 __device__ __forceinline__ QRowSource q_row_source(const MlaDecodeArgs& a, int b, int grow) {
-  const int qi = grow / NUM_HEADS;
   const int h = grow % NUM_HEADS;
-  QRowSource r{static_cast<const char*>(a.q_nope), static_cast<const char*>(a.q_pe), qi < a.q_len && h < a.num_heads};
+  const QueryRow q = query_row(a, b, grow / NUM_HEADS, h);
+  QRowSource r{static_cast<const char*>(a.q_nope), static_cast<const char*>(a.q_pe), q.valid};
   if (r.valid) {
-    r.nope += (int64_t(b) * a.q_nope_stride_batch + int64_t(qi) * a.q_nope_stride_token +
+    r.nope += (int64_t(q.ob) * a.q_nope_stride_batch + int64_t(q.t) * a.q_nope_stride_token +
                int64_t(h) * a.q_nope_stride_head) * 2;
-    r.pe += (int64_t(b) * a.q_pe_stride_batch + int64_t(qi) * a.q_pe_stride_token + int64_t(h) * a.q_pe_stride_head) * 2;
+    r.pe += (int64_t(q.ob) * a.q_pe_stride_batch + int64_t(q.t) * a.q_pe_stride_token + int64_t(h) * a.q_pe_stride_head) * 2;
   }
   return r;
 }

@@ -24,11 +24,22 @@ __device__ __forceinline__ void sched_cta(const DecodeParams& p, int& c, int& m_
   c = int(cx) / p.num_m_blocks;
 }
 
+// Whether the scheduled CTA's row block holds no placed row of request b (params.cuh row_block_empty).
+// Not inlined: inlined into the producer (40 registers) its loads push the producer's cp.async
+// addresses to local memory.
+template <int NUM_HEADS>
+__device__ __noinline__ bool sched_rows_empty(const DecodeParams& p, int b) {
+  int c, m_block;
+  sched_cta(p, c, m_block);
+  return row_block_empty<NUM_HEADS, kBlockM>(p.a, b, m_block);
+}
+
 // The segment of request b from tile t in CTA c, whose range ends at (end_b, end_t). CtaWork.split is
 // the segment's piece, or -1 when the CTA covers the whole request (it writes out directly). A request
 // whose tile count differs from the one it was scheduled with (the schedule was made for other
-// seq_lens) gets no tiles and NaN rows, like a seq_len the block table cannot address.
-template <int PAGE_SIZE>
+// seq_lens) gets no tiles and NaN rows, like a seq_len the block table cannot address; a row block
+// without a placed row (row_block_empty) gets no tiles.
+template <int NUM_HEADS, int PAGE_SIZE>
 __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, int m_block, int b, int t, int end_b,
                                                  int end_t) {
   const MlaDecodeArgs& a = p.a;
@@ -44,7 +55,7 @@ __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, i
   const int t1 = b == end_b ? end_t : sched_tiles;
   w.kv_begin = w.bad_len ? 0 : t * kBlockN;
   w.kv_end = w.bad_len ? 0 : int(min(int64_t(w.seq_len), int64_t(t1) * kBlockN));  // t1 * 64 may reach 2^31
-  w.num_tiles = w.bad_len ? 0 : t1 - t;
+  w.num_tiles = w.bad_len || sched_rows_empty<NUM_HEADS>(p, b) ? 0 : t1 - t;
   w.split = r[kReqPieces] == 1 ? -1 : r[kReqFirstPiece] + (c - r[kReqFirstCta]);
   return w;
 }
@@ -77,7 +88,7 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     sched_cta(p, c, m_block);
     const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
     if (!sched_before(b, t, end_b, end_t)) break;
-    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     if (w.num_tiles == 0) continue;
     if (state & 8) wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
     produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
@@ -101,7 +112,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedS
   const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
   int u0 = 0, u1 = 0, k = 0, seg = 0;
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
-    const CtaWork w = sched_segment<PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
+    const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
     rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
                                                  (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
