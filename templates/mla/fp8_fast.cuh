@@ -39,19 +39,20 @@ constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
 constexpr float kPScale = 256.f;                 // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
+constexpr int kStages = 4;                       // tile t in stage t % 4; warpgroup t % 2 owns its S
 
 using LayoutTile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<_64, Int<kTileBytes>>{}));
 using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_64, _64>{}));
 
 struct Storage {
   alignas(1024) E4 q[kBlockM * kTileBytes];           // 40 KiB: Q8, rows x 640 bytes
-  alignas(1024) E4 kv[2][kBlockN * kTileBytes];       // 2 x 40 KiB: raw tiles
-  alignas(1024) E4 pt[2][kBlockM * kBlockN];          // 2 x 4 KiB: P^T of the stage's tile
+  alignas(1024) E4 kv[kStages][kBlockN * kTileBytes];  // 4 x 40 KiB: raw tiles
+  alignas(1024) E4 pt[kStages][kBlockM * kBlockN];     // 4 x 4 KiB: P^T of the stage's tile
   float q_inv_scale[kBlockM];                         // 1 / (Q row's power-of-2 scale)
   float row_max[2][kBlockM];                          // the seesaw's running max hand-over
   float row_alpha[2][kBlockM];                        // and the factor of what came before (O^T's columns)
   float row_sum[2][kBlockM];                          // each warpgroup's row sums at the end
-  uint64_t kv_full[2], kv_empty[2];
+  uint64_t kv_full[kStages], kv_empty[kStages];
 };
 constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
 constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
@@ -129,7 +130,7 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
 }
 
 // ---------------------------------------------------------------------------------------------
-// The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 2, eight threads
+// The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 4, eight threads
 // per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end. One full barrier per stage
 // (128 arrivals) and one empty barrier (8: each math warp once, after its last read of the tile).
 
@@ -139,17 +140,27 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   const int sub = ptid % 8, n0 = ptid / 8;
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   const char* cache = static_cast<const char*>(a.kv_cache);
+  // This thread's rows n0 + 16 j of tile t: their pages, looked up one tile ahead (-1 past kv_end).
+  int32_t page[4], next_page[4];
+  auto lookup = [&](int t, int32_t (&pg)[4]) {
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
+    }
+  };
+  lookup(0, page);
   for (int t = 0; t < num_tiles; ++t) {
-    const int stage = t & 1;
-    wait_barrier(&s.kv_empty[stage], ((t >> 1) & 1) ^ 1);  // the first use of a stage does not wait
+    if (t + 1 < num_tiles) lookup(t + 1, next_page);
+    const int stage = t % kStages;
+    wait_barrier(&s.kv_empty[stage], ((t / kStages) & 1) ^ 1);  // the first use of a stage does not wait
     const uint32_t base = smem_u32(s.kv[stage]);
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
       const int n = n0 + 16 * j;
       const int token = kv_begin + t * kBlockN + n;
-      const bool valid = token < kv_end;
-      const char* src = valid ? cache + int64_t(table[token / PAGE_SIZE]) * a.kv_stride_page +
-                                    int64_t(token % PAGE_SIZE) * a.kv_stride_token
+      const bool valid = page[j] >= 0;
+      const char* src = valid ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token
                               : cache;
       CUTE_UNROLL
       for (int c = 0; c < kSlots; ++c) {
@@ -159,6 +170,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
       }
     }
     cp_async_arrive_noinc(&s.kv_full[stage]);
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) page[j] = next_page[j];
   }
   cp_async_wait_all();
 }
@@ -353,10 +366,11 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
                                         float (&l_run)[2]) {
   float m_new[2], m_sub[2], alpha[2], S[32];
   const VtAddr vt(s, c.wg, c.warp, c.lane);
-  // The owner of tile t (warpgroup t % 2, stage t % 2) publishes the rows' new max in row_max[t % 2] and
-  // their factors in row_alpha[t % 2] before its hand-over barrier (kBarMaxA / kBarMaxPB). The next
-  // write of either happens after S(t + 2), i.e. after the producer refilled the stage, which every
-  // math warp released only past its reads of tile t's hand-over.
+  // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
+  // factors in row_alpha[t % 2] before its hand-over barrier (kBarMaxA / kBarMaxPB); the other
+  // warpgroup reads them right after that barrier. The owner writes them again for tile t + 2 only
+  // after the other's hand-over barrier of tile t + 1, which the other reaches past its reads. P^T of
+  // tile t lives in its stage until the producer refills it, after every math warp released the stage.
   auto publish = [&](int st) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -375,7 +389,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
     rescale_cols(o, s.row_alpha[st], c.lane);
   };
   auto own_s = [&](int st, int tile) {
-    wait_barrier(&s.kv_full[st], (tile >> 1) & 1);
+    wait_barrier(&s.kv_full[st], (tile / kStages) & 1);
     issue_s(s, st, S);
     warpgroup_wait<0>();
     fence_acc(S);
@@ -392,39 +406,40 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
   };
   for (int i = 0; i < (num_tiles + 1) / 2; ++i) {
     const bool has_b = 2 * i + 1 < num_tiles;
+    const int sa = (2 * i) % kStages, sb = sa + 1;  // the stages of tiles a = 2i and b = 2i + 1
     if (c.wg == 0) {
       // ---- tile a = 2i (stage 0): S, softmax, P^T, O^T += V^T P^T.
-      own_s(0, 2 * i);
+      own_s(sa, 2 * i);
       publish(0);
       math_barrier_arrive(kBarMaxA);
-      exp_store_pt(S, c, m_sub, l_run, s.pt[0]);
+      exp_store_pt(S, c, m_sub, l_run, s.pt[sa]);
       fence_proxy_async_shared();  // P^T stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
       rescale_cols(o, s.row_alpha[0], c.lane);
-      pv(0);
+      pv(sa);
       if (has_b) {
         // ---- tile b: warpgroup 1's.
         math_barrier(kBarMaxPB);
         follow(1);
-        pv(1);
+        pv(sb);
       }
     } else {
       // ---- tile a (warpgroup 0's).
       math_barrier(kBarMaxA);
       follow(0);
       math_barrier(kBarPA);
-      pv(0);
+      pv(sa);
       if (has_b) {
         // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
-        own_s(1, 2 * i + 1);
+        own_s(sb, 2 * i + 1);
         publish(1);
-        exp_store_pt(S, c, m_sub, l_run, s.pt[1]);
+        exp_store_pt(S, c, m_sub, l_run, s.pt[sb]);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         warpgroup_barrier(kBarOwnP + c.wg);
         rescale_cols(o, s.row_alpha[1], c.lane);
-        pv(1);
+        pv(sb);
       }
     }
   }
@@ -442,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
   const MlaDecodeArgs& a = p.a;
   if (threadIdx.x == 0) {
     CUTE_UNROLL
-    for (int st = 0; st < 2; ++st) {
+    for (int st = 0; st < kStages; ++st) {
       cutlass::arch::ClusterBarrier::init(&s.kv_full[st], kProducerThreads);
       cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], 4 * kNumWarpgroups);
     }
