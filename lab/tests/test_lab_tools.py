@@ -80,3 +80,21 @@ def test_fp8_mma_accuracy_study_separates_the_designs(lab_module):
         sharp = study.run(trials=3, seq=512, heads=16, q_std=10.0, seed=1)
     assert all(r[0] for r in flat["fp16-widen"]) and all(r[0] for r in sharp["fp16-widen"])
     assert not any(r[0] for r in sharp["s-fp8"]) and not any(r[0] for r in flat["s-fp8+pv-fp8"])
+
+
+def test_fp8_fast_launchers_compile_without_spills(tmp_path):
+    """lab/fp8_fast_launch.cu (the fast kernel of templates/mla/fp8_fast.cuh before it is a dtype) builds
+    the shared object lab/fp8_fast_check.py loads, with no register spill in any instantiation."""
+    from codegen.build import cutlass_include_dir
+    try:
+        nvcc = find_nvcc()
+    except BuildError as e:
+        pytest.skip(f"no CUDA compiler: {e}")
+    p = subprocess.run([str(nvcc), "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        "--expt-relaxed-constexpr", "-shared", "-Xcompiler", "-fPIC", "-Xptxas=-v",
+                        f"-I{LAB.parent / 'templates' / 'mla'}", f"-I{cutlass_include_dir()}",
+                        "-o", str(tmp_path / "fp8_fast.so"), str(LAB / "fp8_fast_launch.cu")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    spills = [line for line in p.stderr.splitlines() if "spill" in line and not line.strip().startswith("0 bytes")]
+    assert not spills, spills
