@@ -1,11 +1,11 @@
 // Launchers of the fp8 fast-mode kernel (templates/mla/fp8_fast.cuh) for lab/fp8_fast_check.py, before
 // the kernel has a dtype in variants.yaml: one extern "C" function per (num_heads, page_size), taking
-// the library's packed MlaDecodeArgs (abi.h). num_kv_splits > 1: the pieces go to the workspace and
-// combine.cuh's generic combine merges them (no dependent launch).
+// the library's packed MlaDecodeArgs (abi.h). num_kv_splits > 1: the pieces go to the workspace and the
+// library's combine merges them (launch.cuh launch_combine, as a variant's launcher picks it).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -shared \
 //     -Xcompiler -fPIC -I templates/mla -I <cutlass include> -o fp8_fast.so lab/fp8_fast_launch.cu
-#include "combine.cuh"
+#include "launch.cuh"  // first, as the variants include it (tma_map.cuh's driver typedefs)
 #include "fp8_fast.cuh"
 
 template <int H, int P>
@@ -24,8 +24,8 @@ static int launch(const MlaDecodeArgs* a) {
   err = cudaGetLastError();
   if (err != cudaSuccess || a->num_kv_splits == 1) return int(err);
   using B = cutlass::bfloat16_t;
-  mla::mla_combine_kernel<B, B><<<unsigned(int64_t(a->batch) * a->q_len * a->num_heads), mla::kCombineThreads, 0, stream>>>(*a);
-  return int(cudaGetLastError());
+  return int(mla::launch_combine<B, B>(*a, stream, int64_t(a->batch) * a->q_len * a->num_heads, /*scheduled=*/false,
+                                       a->num_kv_splits >= mla::kCombineWideMinSplits));
 }
 
 extern "C" int fast_h128_p64(const MlaDecodeArgs* a) { return launch<128, 64>(a); }
