@@ -95,11 +95,15 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
     if (!qr.valid) return make_uint4(0, 0, 0, 0);
     return __ldg(reinterpret_cast<const uint4*>(c < 64 ? nope + c * 16 : pe + (c - 64) * 16));
   };
+  // The thread's 18 chunks stay in registers (72) between the row max and the conversion: one pass
+  // over global memory, all loads in flight at once.
+  uint4 v[18];
+  CUTE_UNROLL
+  for (int k = 0; k < 18; ++k) v[k] = chunk(part + 4 * k);
   float amax = 0.f;
   CUTE_UNROLL
   for (int k = 0; k < 18; ++k) {
-    const uint4 v = chunk(part + 4 * k);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
     CUTE_UNROLL
     for (int i = 0; i < 4; ++i) {
       const float2 f = unpack2<cutlass::bfloat16_t>(w[i]);
@@ -115,8 +119,7 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
   CUTE_UNROLL
   for (int k = 0; k < 18; ++k) {
     const int c = part + 4 * k;
-    const uint4 v = chunk(c);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
     uint32_t packed[2];
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
