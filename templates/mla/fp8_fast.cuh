@@ -12,9 +12,7 @@
 //     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
 //     so P^T is stored with its tokens in sigma order;
 //   - the row sums come from P before rounding; O^T is rescaled per column (query row) from the row
-//     maxima in shared memory;
-//   - both warpgroups' S run at once (consume, below): each issues its next S right behind its last
-//     P V of the pair, instead of warpgroup 1 waiting for warpgroup 0's softmax before its S.
+//     maxima in shared memory.
 #pragma once
 #include <cuda_runtime.h>
 #include <cute/arch/mma_sm90.hpp>
@@ -364,42 +362,21 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
 }
 
 // ---------------------------------------------------------------------------------------------
-// The seesaw over the CTA's tiles, both warpgroups' S at once: warpgroup 0 owns tiles a = 2i, warpgroup 1
-// tiles b = 2i + 1, and each issues the S of its next tile right behind its last P V of the pair, so
-// the two S run together on the tensor pipe and each softmax overlaps the other warpgroup's tensor work.
-//   warpgroup 0: S(a) done -> max, P^T(a) -> O^T *= alpha(a), P V(a) -> [b's max and P^T]
-//                -> O^T *= alpha(b), P V(b) -> S(a + 2)
-//   warpgroup 1: S(b) done -> its tile max -> [a's max] -> O^T *= alpha(a) -> [P^T(a)] -> P V(a)
-//                -> max, P^T(b) (during P V(a)) -> O^T *= alpha(b), P V(b) -> S(b + 2)
-// O^T is rescaled only after every wgmma writing it has completed (warpgroup_wait<0>).
+// The seesaw over the CTA's tiles (consumer_rows64.cuh consume_two_stage, P V first: tile a's stage is
+// released before S(b) is issued).
 
 __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, float (&o)[4][32], float (&m_run)[2],
                                         float (&l_run)[2]) {
-  float m_new[2], m_sub[2], alpha[2], S[32], tile_max[2];
+  float m_new[2], m_sub[2], alpha[2], S[32];
   const VtAddr vt(s, c.wg, c.warp, c.lane);
-  // Hand-over in shared memory: the owner of tile t (warpgroup t % 2) writes the rows' new max in
-  // row_max[t % 2] and their factors in row_alpha[t % 2], then arrives at kBarMaxA (tile a) or kBarMaxPB
-  // (tile b, with its P^T); the other warpgroup reads them right after syncing there. Warpgroup 0
-  // writes row_*[0] again only after kBarMaxPB, which warpgroup 1 arrives at past its reads of row_*[0];
-  // warpgroup 1 writes row_*[1] again only after the next kBarMaxA, which warpgroup 0 arrives at past
-  // its reads of row_*[1]. P^T of tile t lives in its stage until the producer refills it, after every
-  // math warp released the stage (once its last P V over it completed).
-  auto stage = [](int t) { return t % kStages; };
-  auto start_s = [&](int t) {
-    wait_barrier(&s.kv_full[stage(t)], (t / kStages) & 1);
-    issue_s(s, stage(t), S);
-  };
-  auto release = [&](int t) {
-    if (c.lane == 0) arrive_barrier(&s.kv_empty[stage(t)]);
-  };
-  auto wait_all = [&]() {  // S's registers are fenced only where an S was issued (else ptxas serializes)
-    warpgroup_wait<0>();
-    fence_o(o);
-  };
+  // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
+  // factors in row_alpha[t % 2] before its hand-over barrier (kBarMaxA / kBarMaxPB); the other
+  // warpgroup reads them right after that barrier. The owner writes them again for tile t + 2 only
+  // after the other's hand-over barrier of tile t + 1, which the other reaches past its reads. P^T of
+  // tile t lives in its stage until the producer refills it, after every math warp released the stage.
   auto publish = [&](int st) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      m_new[r] = fmaxf(m_run[r], tile_max[r]);
       if (c.lane % 4 == 0) s.row_max[st][c.row0 + 8 * r] = m_new[r];
     }
     advance_rows(m_run, m_new, l_run, m_sub, alpha);
@@ -408,68 +385,67 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
       if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
     }
   };
-  auto follow_max = [&](int st) {  // the other warpgroup's tile: its max moves m_run and l
+  auto follow = [&](int st) {  // the other warpgroup's tile: its max for l, its factors for O^T
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[st][c.row0 + 8 * r];
     advance_rows(m_run, m_new, l_run, m_sub, alpha);
+    rescale_cols(o, s.row_alpha[st], c.lane);
+  };
+  auto own_s = [&](int st, int tile) {
+    wait_barrier(&s.kv_full[st], (tile / kStages) & 1);
+    issue_s(s, st, S);
+    warpgroup_wait<0>();
+    fence_acc(S);
+    float tile_max[2];
+    scale_mask_rowmax(S, c, tile, tile_max);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m_run[r], tile_max[r]);
+  };
+  auto pv = [&](int st) {
+    issue_pv(s, st, vt, o);
+    warpgroup_wait<0>();
+    fence_o(o);
+    if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);
   };
   for (int i = 0; i < (num_tiles + 1) / 2; ++i) {
-    const int ta = 2 * i, tb = 2 * i + 1;
-    const bool has_b = tb < num_tiles;
-    // The warpgroup's S of the pair, queued right behind its P V(b) of the previous pair. One issue
-    // site, and S's registers fenced only right after its own wait: otherwise ptxas serializes every
-    // wgmma (C7515).
+    const bool has_b = 2 * i + 1 < num_tiles;
+    const int sa = (2 * i) % kStages, sb = sa + 1;  // the stages of tiles a = 2i and b = 2i + 1
     if (c.wg == 0) {
-      start_s(ta);
-      warpgroup_wait<0>();
-      fence_acc(S);
-    } else if (has_b) {
-      start_s(tb);
-      warpgroup_wait<0>();
-      fence_acc(S);
-    }
-    wait_all();
-    if (i > 0) release(ta - 1);  // the previous pair's tile b
-    if (c.wg == 0) {
-      scale_mask_rowmax(S, c, ta, tile_max);
+      // ---- tile a = 2i (stage 0): S, softmax, P^T, O^T += V^T P^T.
+      own_s(sa, 2 * i);
       publish(0);
       math_barrier_arrive(kBarMaxA);
-      exp_store_pt(S, c, m_sub, l_run, s.pt[stage(ta)]);
+      exp_store_pt(S, c, m_sub, l_run, s.pt[sa]);
       fence_proxy_async_shared();  // P^T stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
       rescale_cols(o, s.row_alpha[0], c.lane);
-      issue_pv(s, stage(ta), vt, o);
+      pv(sa);
       if (has_b) {
+        // ---- tile b: warpgroup 1's.
         math_barrier(kBarMaxPB);
-        follow_max(1);
-        wait_all();
-        release(ta);
-        rescale_cols(o, s.row_alpha[1], c.lane);
-        issue_pv(s, stage(tb), vt, o);
+        follow(1);
+        pv(sb);
       }
     } else {
-      if (has_b) scale_mask_rowmax(S, c, tb, tile_max);
+      // ---- tile a (warpgroup 0's).
       math_barrier(kBarMaxA);
-      follow_max(0);
-      rescale_cols(o, s.row_alpha[0], c.lane);
+      follow(0);
       math_barrier(kBarPA);
-      issue_pv(s, stage(ta), vt, o);
+      pv(sa);
       if (has_b) {
+        // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
+        own_s(sb, 2 * i + 1);
         publish(1);
-        exp_store_pt(S, c, m_sub, l_run, s.pt[stage(tb)]);
+        exp_store_pt(S, c, m_sub, l_run, s.pt[sb]);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         warpgroup_barrier(kBarOwnP + c.wg);
-        wait_all();
-        release(ta);
         rescale_cols(o, s.row_alpha[1], c.lane);
-        issue_pv(s, stage(tb), vt, o);
+        pv(sb);
       }
     }
   }
-  wait_all();
-  release(num_tiles - 1);  // the last pair's last tile
 }
 
 // ---------------------------------------------------------------------------------------------
