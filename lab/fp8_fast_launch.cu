@@ -15,7 +15,7 @@ static int launch(const MlaDecodeArgs* a) {
   p.num_m_blocks = (H * a->q_len + mla::kBlockM - 1) / mla::kBlockM;
   p.scale_log2 = a->softmax_scale * 1.4426950408889634f;
   p.use_tma = 0;
-  auto kernel = mla::fast::mla_decode_fp8_fast_kernel<H, P>;
+  auto kernel = mla::fast::mla_decode_fp8_fast_kernel<H, P, true>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::fast::kSmemBytes);
   if (err != cudaSuccess) return int(err);
   if (a->batch == 0) return 0;

@@ -45,6 +45,7 @@ using LayoutTile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape
 using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_64, _64>{}));
 
 struct Storage {
+  static constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
   alignas(1024) E4 q[kBlockM * kTileBytes];           // 40 KiB: Q8, rows x 640 bytes
   alignas(1024) E4 kv[kStages][kBlockN * kTileBytes];  // 4 x 40 KiB: raw tiles
   alignas(1024) E4 pt[kStages][kBlockM * kBlockN];     // 4 x 4 KiB: P^T of the stage's tile
@@ -54,7 +55,7 @@ struct Storage {
   float row_sum[2][kBlockM];                          // each warpgroup's row sums at the end
   uint64_t kv_full[kStages], kv_empty[kStages];
 };
-constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
+constexpr int kThreads = Storage::kThreads;
 constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
 
 // Byte offset of (row, byte column) in a 128-byte-swizzled K-major tile of `rows` rows (LayoutTile):
@@ -449,10 +450,11 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kernel: grid x = m_block + num_m_blocks * request, y = split. With num_kv_splits > 1 each CTA
-// writes its normalised 16-bit piece and lse to the workspace and combine.cuh merges them.
+// The kernel of a variant of dtype fp8_e4m3_fast (launch.cuh): grid x = m_block + num_m_blocks * request,
+// y = split. With num_kv_splits > 1 each CTA writes its normalised 16-bit piece and lse to the workspace
+// and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
 
-template <int NUM_HEADS, int PAGE_SIZE>
+template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ char smem_raw[];
   char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
@@ -549,6 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       *reinterpret_cast<uint32_t*>(dst + d0) = pack2<cutlass::bfloat16_t>(o[mb][i] * inv, o[mb][i + 2] * inv);
     }
   }
+  allow_dependent_launch<SPLIT>();
 }
 
 }  // namespace fast

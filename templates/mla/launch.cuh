@@ -13,6 +13,7 @@
 #include "abi.h"
 #include "combine.cuh"
 #include "config.cuh"
+#include "fp8_fast.cuh"
 #include "kernel.cuh"
 #include "tma_map.cuh"
 
@@ -161,9 +162,11 @@ int launch(const MlaDecodeArgs* args) {
 #endif
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if (second ? Facts::kSecondTma : Facts::kTma) {
-    if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
-    if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
+  if constexpr (!CacheTypes<Cache>::kFast) {  // the fast kernel loads by cp.async only
+    if (second ? Facts::kSecondTma : Facts::kTma) {
+      if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+      if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
+    }
   }
   const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
@@ -184,24 +187,31 @@ int launch(const MlaDecodeArgs* args) {
   const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
-  auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  if constexpr (Facts::kBalanced) {
-    if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
-  }
   const dim3 grid(unsigned(grid_x), grid_y, 1);
   cudaError_t err = cudaSuccess;
-  if (second) {
-    if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
-  } else if constexpr (Facts::kMaxRows > Facts::kRows) {
-    err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+  if constexpr (CacheTypes<Cache>::kFast) {
+    err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid,
+                                              stream);
   } else {
-    err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
+    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+    if constexpr (Facts::kBalanced) {
+      if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
+    }
+    if (second) {
+      if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
+    } else if constexpr (Facts::kMaxRows > Facts::kRows) {
+      err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+    } else {
+      err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
+    }
   }
   if (err != cudaSuccess) return int(err);
 
   if (combine_rows > 0) {
     using Out = typename CacheTypes<Cache>::Out;
-    err = launch_combine<Out, Partial<Out, NUM_HEADS>>(a, stream, combine_rows, scheduled, wide_combine);
+    // The fast kernel's pieces are 16-bit at every head count (fp8_fast.cuh).
+    using P = std::conditional_t<CacheTypes<Cache>::kFast, Out, Partial<Out, NUM_HEADS>>;
+    err = launch_combine<Out, P>(a, stream, combine_rows, scheduled, wide_combine);
   }
   if (err == cudaSuccess && a.query_start_loc != nullptr && a.total_q_tokens > 0) {  // combine.cuh
     const unsigned blocks = unsigned((int64_t(a.total_q_tokens) + kVarlenFillTokens - 1) / kVarlenFillTokens);

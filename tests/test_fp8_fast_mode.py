@@ -1,0 +1,118 @@
+"""The fp8 fast mode on the CPU: its variants (variants.yaml dtype fp8_e4m3_fast) from name to rendered
+unit and ptxas record, the dispatch of fp8_mode, and the errors naming fp8_mode. The kernels themselves
+are tested in tests/test_gpu_fp8_fast.py."""
+import pytest
+import torch
+
+from codegen.build import parse_resource_usage
+from codegen.config import load_config
+from codegen.paths import project_dir
+from codegen.render import render
+from codegen.variant import PathFacts, Variant
+from mla_variants import MLAInputError, api, validation
+from mla_variants.dispatch import VariantNotCompiledError, plan_launches
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_a_fast_variant_runs_the_one_64_row_kernel_at_any_head_count(heads):
+    v = Variant(heads, 16, "fp8_e4m3_fast", True)
+    assert v.name == f"mla_decode_h{heads}_p16_fp8_e4m3_fast_split" and Variant.from_name(v.name) == v
+    assert v.facts == PathFacts(rows_per_cta=64, second_kernel=None, second_max_split_keys=0, tma=False,
+                                second_tma=False, balanced_schedule=False)
+    assert v.path == "rows64" and v.units == ((f"{v.name}.cu", "variant.cu.j2"),)
+    assert v.facts.rows_for(heads * 4) == 64 and v.cpp_type == "mla::Fp8FastCache"
+
+
+def test_the_default_build_has_split_fast_variants_at_64_and_128_heads():
+    cfg = load_config(project_dir() / "variants.yaml")
+    fast = [v for v in cfg.variants() if v.dtype == "fp8_e4m3_fast"]
+    assert {(v.num_heads, v.split) for v in fast} == {(64, True), (128, True)}
+    assert {v.page_size for v in fast} == set(cfg.axes["page_size"])
+    assert [v.name for v in cfg.presets["ci"].variants() if v.dtype == "fp8_e4m3_fast"] == [
+        "mla_decode_h64_p64_fp8_e4m3_fast_split"]
+
+
+def test_a_fast_unit_launches_the_fast_cache_type(tmp_path):
+    cfg = load_config(project_dir() / "variants.yaml")
+    v = Variant(128, 64, "fp8_e4m3_fast", True)
+    render(cfg, [v], tmp_path / "g", tmp_path / "b" / "lib.so")
+    unit = (tmp_path / "g" / "variants" / f"{v.name}.cu").read_text()
+    assert "mla::launch<mla::Fp8FastCache, 128, 64, true, Facts>(args)" in unit
+    assert f"using Facts = {v.facts.cpp()};" in unit
+
+
+def test_ptxas_records_of_the_fast_kernel_name_their_variant():
+    log = ("ptxas info    : Compiling entry function '_ZN3mla4fast26mla_decode_fp8_fast_kernelILi64ELi16ELb1EEEvNS_"
+           "12DecodeParamsE' for 'sm_90a'\n"
+           "    8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 16 barriers\n")
+    assert parse_resource_usage(log) == {"mla_decode_h64_p16_fp8_e4m3_fast_split": {
+        "registers": 168, "stack_bytes": 8, "spill_store_bytes": 8, "spill_load_bytes": 4}}
+
+
+@pytest.mark.parametrize("mode, kv_dtype, token", [
+    ("exact", FP8, "fp8_e4m3"), ("fast", FP8, "fp8_e4m3_fast"),
+    ("exact", torch.bfloat16, "bf16"), ("exact", torch.float16, "fp16")])
+def test_fp8_mode_picks_the_dispatch_dtype(mode, kv_dtype, token):
+    assert validation.fp8_token(mode, kv_dtype) == token
+
+
+@pytest.mark.parametrize("mode, kv_dtype, expected", [
+    ("fast", torch.bfloat16, "'exact' with a torch.bfloat16 kv_cache"),
+    ("fast", torch.float16, "'exact' with a torch.float16 kv_cache"),
+    ("Fast", FP8, "'exact' or 'fast'"), (None, FP8, "'exact' or 'fast'"), (1, FP8, "'exact' or 'fast'"),
+    (b"fast", FP8, "'exact' or 'fast'"), (torch.tensor(1), FP8, "'exact' or 'fast'")])
+def test_a_bad_fp8_mode_is_an_error_naming_it(mode, kv_dtype, expected):
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected ") as e:
+        validation.fp8_token(mode, kv_dtype)
+    assert expected in str(e.value)
+
+
+def test_the_ops_take_fp8_mode_and_their_fakes_check_it():
+    from mla_variants import ops
+    for op in ("mla_decode", "mla_decode_out", "mla_decode_varlen"):
+        assert 'str fp8_mode="exact"' in str(getattr(torch.ops.mla_variants, op).default._schema)
+    q_nope, q_pe = torch.zeros(1, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16)
+    kv = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    ops._fake_check(q_nope, q_pe, kv, None, "exact")
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
+        ops._fake_check(q_nope, q_pe, kv, None, "fast")
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' or 'fast', got 'turbo'"):
+        ops._fake_check(q_nope, q_pe, kv.to(FP8), torch.ones(1), "turbo")
+
+
+class _StubLibrary:
+    def __init__(self, table):
+        self.table = table
+
+    def plan(self, num_heads, page_size, dtype, split):
+        import dataclasses
+        return [dataclasses.replace(l, facts=PathFacts.of(*l.key))
+                for l in plan_launches(self.table, num_heads, page_size, dtype, split)]
+
+
+def test_a_fast_call_dispatches_to_the_fast_variants_and_an_exact_one_does_not(monkeypatch):
+    table = {(128, 64, d, True): f"mla_decode_h128_p64_{d}_split" for d in ("fp8_e4m3", "fp8_e4m3_fast")}
+    monkeypatch.setattr(api, "sm_count", lambda device_index: 132)
+    for mode, symbol in (("exact", "mla_decode_h128_p64_fp8_e4m3_split"),
+                         ("fast", "mla_decode_h128_p64_fp8_e4m3_fast_split")):
+        shape = validation.Call.of_shape(4, 128, 1, 64, torch.bfloat16, 0, 256, FP8)
+        shape.key_dtype = validation.fp8_token(mode, FP8)
+        launches, _ = api.choose_launches(_StubLibrary(table), shape, None, 16384)
+        assert [l.symbol for l in launches] == [symbol]
+
+
+def test_a_missing_fast_variant_names_the_yaml_change_and_ensure_variant():
+    table = {(128, 64, "fp8_e4m3", True): "mla_decode_h128_p64_fp8_e4m3_split"}
+    with pytest.raises(VariantNotCompiledError) as e:
+        plan_launches(table, 16, 64, "fp8_e4m3_fast", True)
+    msg = str(e.value)
+    assert "dtype=fp8_e4m3_fast" in msg and "add fp8_e4m3_fast to axes.dtype" in msg
+    assert "ensure_variant(16, 64, 'fp8_e4m3_fast', True)" in msg and "mla_decode_h128_p64_fp8_e4m3_split" in msg
+
+
+def test_is_supported_names_the_fast_token_among_the_dtypes():
+    with pytest.raises(MLAInputError, match="'fp8_e4m3_fast'"):
+        api.is_supported(16, 64, "fp8_e4m3_turbo")
