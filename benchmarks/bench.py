@@ -371,6 +371,12 @@ def fp8_kwargs(inputs: dict) -> dict:
     return {} if k_scale is None else {"k_scale": k_scale, "fp8_mode": FP8_MODE}
 
 
+def variant_dtype(args) -> str:
+    """The variants.yaml dtype token the run's calls dispatch to: --dtype, or fp8_e4m3_fast for
+    --dtype fp8_e4m3 --fp8-mode fast (what support checks, split choices and the records use)."""
+    return "fp8_e4m3_fast" if args.dtype == "fp8_e4m3" and args.fp8_mode == "fast" else args.dtype
+
+
 def case_tolerance(inputs: dict) -> dict:
     """compare()'s bounds for the inputs' cache dtype and --fp8-mode."""
     if inputs["kv_cache"].dtype != torch.float8_e4m3fn:
@@ -452,7 +458,7 @@ def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
     page = case["page_size"]
     width = max(max(-(-n // page) for n in case["seq_lens"]), 1)
     return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count,
-                                 page_size=page, kv_dtype=args.dtype)
+                                 page_size=page, kv_dtype=variant_dtype(args))
 
 
 def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,
@@ -545,10 +551,13 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
 
 
 def element_sizes(dtype: str) -> tuple[int, int]:
-    """(bytes per KV cache element, bytes per q / out element) of a --dtype: an fp8 cache has 1-byte
-    elements and bf16 q / out, the other dtypes one size for all three."""
+    """(bytes per KV cache element, bytes per q / out element) of a --dtype or a record's variant dtype:
+    an fp8 cache (exact or fast mode) has 1-byte elements and bf16 q / out, the other dtypes one size
+    for all three."""
+    if dtype.startswith("fp8_e4m3"):
+        return 1, 2
     elem = DTYPES[dtype].itemsize
-    return elem, (2 if dtype == "fp8_e4m3" else elem)
+    return elem, elem
 
 
 def traffic(num_heads: int, batch: int, tokens: int, q_len: int, elem: int, q_elem: int) -> tuple[int, int]:
@@ -945,7 +954,7 @@ def main(argv=None) -> int:
     sm_count = env["sm_count"]
 
     shape = f"varlen q_lens {args.varlen}" if args.varlen is not None else f"q_len {q_len}"
-    print(f"mla-variants bench: {len(cases)} cases, {args.dtype}, {shape}, {env['gpu']} ({sm_count} SMs), "
+    print(f"mla-variants bench: {len(cases)} cases, {variant_dtype(args)}, {shape}, {env['gpu']} ({sm_count} SMs), "
           f"torch {env['torch']}; {len(variants)} compiled variants", flush=True)
     print(f"anchors: {anchors_path or 'none (generated grid)'}; ceilings: read {ceilings['read_tbps']} TB/s, "
           f"matmul {ceilings['bf16_matmul_tflops']} TFLOP/s; cold reps {args.reps}, graph replays "
@@ -961,12 +970,12 @@ def main(argv=None) -> int:
     compiled = set(variants)
 
     # Host overhead, once: batch 1, 1024 tokens, at the first servable (heads, page) of the selection.
-    first = next((c for c in cases if is_supported(c["num_heads"], c["page_size"], args.dtype)), None)
+    first = next((c for c in cases if is_supported(c["num_heads"], c["page_size"], variant_dtype(args))), None)
     overhead = None
     if first is not None and args.dtype != "fp8_e4m3":  # plans (part of the overhead table) take bf16/fp16 only
         small = dict(num_heads=first["num_heads"], page_size=first["page_size"], seq_lens=[1024])
         splits = case_splits(small, args, q_len, sm_count)
-        if is_supported(small["num_heads"], small["page_size"], args.dtype, split=splits > 1):
+        if is_supported(small["num_heads"], small["page_size"], variant_dtype(args), split=splits > 1):
             inputs = build_inputs(pool, small["seq_lens"], small["num_heads"], small["page_size"], q_len, dtype, gen)
             overhead = host_overhead_us(inputs, splits)
             overhead["case"] = small
@@ -985,15 +994,15 @@ def main(argv=None) -> int:
         heads, page, batch = case["num_heads"], case["page_size"], len(case["seq_lens"])
         rec = {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us",
                                         "best_peer", "best_graph_us", "best_graph_peer")}
-        rec.update(index=i, dtype=args.dtype, q_len=q_len, seq_total=sum(case["seq_lens"]))
+        rec.update(index=i, dtype=variant_dtype(args), q_len=q_len, seq_total=sum(case["seq_lens"]))
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
         splits = case_splits(case, args, q_len, sm_count)
         split = splits > 1
         if args.varlen is not None and not any(varlen_q_lens(batch, args.varlen)):
             rec["skipped"] = f"no query tokens: every request's q_len in {args.varlen[:batch]} is 0"
-        elif not is_supported(heads, page, args.dtype, split=split):
-            rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {args.dtype}, "
+        elif not is_supported(heads, page, variant_dtype(args), split=split):
+            rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {variant_dtype(args)}, "
                               f"{'split' if split else 'nosplit'}")
         if rec.get("skipped"):
             print(f"[{i + 1}/{len(cases)}] skip {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['skipped']}", flush=True)
@@ -1015,8 +1024,8 @@ def main(argv=None) -> int:
             print(f"[{i + 1}/{len(cases)}] error {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['error']}", flush=True)
             results.append(rec)
             continue
-        row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
-            not split and (heads, page, args.dtype, True) in compiled)
+        row["exact_variant"] = (heads, page, variant_dtype(args), split) in compiled or (
+            not split and (heads, page, variant_dtype(args), True) in compiled)
         if args.varlen is None:
             derived(case, row, elem, q_len, ceilings, q_elem)
         rec.update(row)

@@ -179,7 +179,8 @@ class Variant:
 
     @property
     def path(self) -> str:
-        """The kernel path of the variant's own kernel: "transposed" (at most 32 heads) or "rows64"."""
+        """The kernel path of the variant's own kernel: "transposed" (at most 32 heads) or "rows64" (more
+        heads, and every fp8_e4m3_fast variant, whose one kernel has 64 rows at any head count)."""
         return "rows64" if self.facts.rows_per_cta == ROWS_64 else "transposed"
 
     @property

@@ -12,7 +12,8 @@
 num_kv_splits = 0 means the default heuristic. k_scale is the float8_e4m3fn cache's dequantization scale as
 a 1-element fp32 device tensor (cache value x k_scale = real value; required for an fp8 cache, None for
 bf16/fp16); ops take it as a tensor only, which the kernel reads when it runs, so a compiled or captured
-graph follows its value. fp8_mode ("exact" or "fast") picks the fp8 cache's math as in mla_decode.
+graph follows its value. fp8_mode ("exact" or "fast") picks the fp8 cache's math as in mla_decode; the
+schema types it as a str, so torch refuses a non-string (RuntimeError naming it) before the op runs.
 q_nope / q_pe may be views of one packed q
 (``q[..., :512]``, ``q[..., 512:]``). Each op has a fake (meta) implementation, so compiled graphs see
 the output shapes without running the kernel. The eager fast path is :func:`mla_variants.mla_decode`
@@ -39,7 +40,6 @@ def _tensor_scale(k_scale) -> None:
 def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact") -> None:
     """What tracing can check without data: q's shapes and dtypes, k_scale given exactly for fp8 caches,
     and fp8_mode."""
-    fp8_token(fp8_mode, kv_cache.dtype)
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
         fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
@@ -51,6 +51,7 @@ def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact") -> None:
               f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
     if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype is not torch.float32):
         fail("k_scale", "a 1-element float32 tensor", f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)}")
+    fp8_token(fp8_mode, kv_cache.dtype)
 
 
 @torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")

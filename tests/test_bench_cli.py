@@ -159,6 +159,9 @@ def test_fp8_mode_fast_reaches_the_call_and_needs_an_fp8_dtype(bench, monkeypatc
     inputs = _cpu_inputs(fp8=True)
     bench.decode_call(inputs, 2)[0]()
     assert seen[0]["fp8_mode"] == "fast" and bench.case_tolerance(inputs) is bench.FP8_FAST_TOLERANCE
+    args = bench.parse_args(["--dtype", "fp8_e4m3", "--fp8-mode", "fast"])
+    assert bench.variant_dtype(args) == "fp8_e4m3_fast" and bench.element_sizes("fp8_e4m3_fast") == (1, 2)
+    assert bench.variant_dtype(bench.parse_args(["--dtype", "fp8_e4m3"])) == "fp8_e4m3"
     with pytest.raises(SystemExit):
         bench.parse_args(["--fp8-mode", "fast"])  # bf16 cache
 

@@ -116,3 +116,69 @@ def test_a_missing_fast_variant_names_the_yaml_change_and_ensure_variant():
 def test_is_supported_names_the_fast_token_among_the_dtypes():
     with pytest.raises(MLAInputError, match="'fp8_e4m3_fast'"):
         api.is_supported(16, 64, "fp8_e4m3_turbo")
+
+
+def _fp8_call(kv, out=None, lse=None, total_q_tokens=0):
+    """A validated-call stand-in (CPU tensors): 2 requests of 16 heads, page 64, an fp8 cache."""
+    c = validation.Call.of_shape(2, 16, 1, 64, torch.bfloat16, 0, 4, FP8)
+    c.kv_cache, c.out, c.lse, c.total_q_tokens = kv, out, lse, total_q_tokens
+    return c
+
+
+@pytest.fixture
+def fp8_library(monkeypatch):
+    """A stub library with the exact and the fast h16 p64 split variants, and the launches the entry points
+    hand to launching.launch (recorded, not run)."""
+    from mla_variants import _binding, launching
+    table = {(16, 64, d, True): f"mla_decode_h16_p64_{d}_split" for d in ("fp8_e4m3", "fp8_e4m3_fast")}
+    stub = _StubLibrary(table)
+    monkeypatch.setattr(_binding, "library", lambda: stub)
+    monkeypatch.setattr(api, "sm_count", lambda device_index: 132)
+    seen = []
+    monkeypatch.setattr(launching, "launch", lambda c, launches, *a, **k: seen.append([l.symbol for l in launches]))
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_mla_decode_and_varlen_launch_the_variants_of_their_fp8_mode(fp8_library, monkeypatch, mode):
+    from mla_variants import varlen
+    kv = torch.zeros(4, 64, 576, dtype=FP8)
+    out, lse = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16), torch.empty(2, 16, 1)
+    monkeypatch.setattr(api, "validate", lambda *a, **k: _fp8_call(kv, out, lse))
+    monkeypatch.setattr(api, "check_disjoint", lambda *a, **k: None)
+    symbol = f"mla_decode_h16_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"
+    api.mla_decode(None, kv, None, None, 0.1, num_kv_splits=1, out=out, lse=lse, k_scale=1.0, fp8_mode=mode)
+    monkeypatch.setattr(varlen, "native_call", lambda *a, **k: _fp8_call(kv, out, lse, total_q_tokens=2))
+    varlen.mla_decode_varlen(None, kv, None, None, 0.1, query_start_loc=None, max_q_len=1, num_kv_splits=1,
+                             k_scale=1.0, fp8_mode=mode)
+    assert fp8_library == [[symbol], [symbol]]
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_a_plan_takes_the_variants_of_its_fp8_mode(fp8_library, monkeypatch, mode):
+    from mla_variants import MLADecodePlan, plan
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(plan, "check_workspace", lambda *a, **k: None)
+    p = MLADecodePlan(2, 16, 64, kv_dtype=FP8, max_seq_len=256, num_kv_splits=1, workspace=torch.empty(16),
+                      fp8_mode=mode)
+    assert [l.symbol for l in p.launches] == [
+        f"mla_decode_h16_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"]
+    assert f"fp8_mode={mode!r}" in repr(p)
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
+        MLADecodePlan(2, 16, 64, max_seq_len=256, workspace=torch.empty(16), fp8_mode="fast")
+
+
+def test_the_ops_pass_fp8_mode_on(monkeypatch):
+    from mla_variants import ops
+    seen = []
+    monkeypatch.setattr(ops, "_mla_decode", lambda *a, **k: seen.append(k["fp8_mode"]))
+    monkeypatch.setattr(ops, "_mla_decode_varlen", lambda *a, **k: seen.append(k["fp8_mode"]))
+    fns = [getattr(op, "_init_fn", None) for op in (ops.mla_decode_op, ops.mla_decode_out_op, ops.mla_decode_varlen_op)]
+    if None in fns:
+        pytest.skip("this torch's CustomOpDef keeps no _init_fn")
+    t = torch.zeros(1)
+    fns[0](t, t, t, t, t, 0.1, 0, t, "fast")
+    fns[1](t, t, t, t, t, 0.1, 0, t, t, t, "fast")
+    fns[2](t, t, t, t, t, t, 1, 0.1, 0, t, "fast")
+    assert seen == ["fast", "fast", "fast"]

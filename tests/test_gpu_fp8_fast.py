@@ -37,7 +37,7 @@ def _any_fast_key():
 @pytest.mark.parametrize("key", _fast_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
 def test_fast_variant_against_reference(key):
     num_heads, page, _, split = key
-    g = torch.Generator().manual_seed(hash(key) % 2**31)
+    g = torch.Generator().manual_seed(1000 * key[0] + key[1] + 7 * key[3])  # not hash(): it varies per process
     for q_len, k_scale in ((1, 0.0625), (2, 37.5), (3, 1.0), (4, 1.0)):
         lens = [0, 1, max(page - 1, 1), page, page + 1, 3000 + 37 * q_len]
         case = make_paged_case(lens, num_heads, page, q_len, FP8, generator=g, k_scale=k_scale)
