@@ -502,7 +502,7 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
     sum-of-work model and their ratio; with --check, the varlen result against the fp32 reference."""
     q_lens = varlen_q_lens(len(case["seq_lens"]), pattern)
     row: dict = {"q_lens": pattern, "uniform_cold_us": {}}
-    for q in sorted({x for x in pattern if x > 0}):
+    for q in sorted({x for x in q_lens if x > 0}):  # the model needs the q_lens this batch has
         splits = case_splits(case, args, q, sm_count)
         inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], q, dtype, gen)
         call, _, _ = decode_call(inputs, splits)
@@ -968,9 +968,11 @@ def main(argv=None) -> int:
         rec.update(index=i, dtype=args.dtype, q_len=q_len, seq_total=sum(case["seq_lens"]))
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
-        splits = case_splits(case, args, q_len, sm_count)
+        # A varlen case's launch: q_len = its batch's longest request (run_varlen_case picks the same).
+        launch_q_len = q_len if args.varlen is None else max(varlen_q_lens(batch, args.varlen))
+        splits = case_splits(case, args, max(launch_q_len, 1), sm_count)
         split = splits > 1
-        if args.varlen is not None and not any(varlen_q_lens(batch, args.varlen)):
+        if args.varlen is not None and not launch_q_len:
             rec["skipped"] = f"no query tokens: every request's q_len in {args.varlen[:batch]} is 0"
         elif not is_supported(heads, page, args.dtype, split=split):
             rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {args.dtype}, "
