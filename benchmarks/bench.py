@@ -517,18 +517,16 @@ def varlen_call(inputs: dict, q_lens: list[int], splits: int):
 
 
 def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush: "L2Flush", gen: torch.Generator,
-                    dtype: torch.dtype, sm_count: int) -> dict:
+                    dtype: torch.dtype, sm_count: int, splits: int) -> dict:
     """A --varlen case: the varlen call's cold and graph times, each uniform q_len's cold time, the
-    sum-of-work model and their ratio; with --check, the varlen result against the fp32 reference."""
+    sum-of-work model and their ratio; with --check, the varlen result against the fp32 reference.
+    splits: the varlen call's split count (the caller's, for the batch's longest request)."""
     q_lens = varlen_q_lens(len(case["seq_lens"]), pattern)
     row: dict = {"q_lens": pattern, "uniform_cold_us": {}}
-    for q in sorted({x for x in pattern if x > 0}):
-        splits = case_splits(case, args, q, sm_count)
+    for q in sorted({x for x in q_lens if x > 0}):  # the model needs the q_lens this batch has
         inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], q, dtype, gen)
-        call, _, _ = decode_call(inputs, splits)
+        call, _, _ = decode_call(inputs, case_splits(case, args, q, sm_count))
         row["uniform_cold_us"][q] = time_cold(call, flush, args.reps, args.warmup)
-    # The split count mla_decode_varlen's default picks: that of the call's longest request.
-    splits = case_splits(case, args, max(q_lens), sm_count)
     inputs = build_inputs(pool, case["seq_lens"], case["num_heads"], case["page_size"], max(q_lens), dtype, gen)
     call, out, lse, q, loc = varlen_call(inputs, q_lens, splits)
     row["num_kv_splits"] = splits
@@ -997,9 +995,12 @@ def main(argv=None) -> int:
         rec.update(index=i, dtype=variant_dtype(args), q_len=q_len, seq_total=sum(case["seq_lens"]))
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
-        splits = case_splits(case, args, q_len, sm_count)
+        # A varlen case's launch: q_len = its batch's longest request, whose split count mla_decode_varlen's
+        # default picks (run_varlen_case times the call with it).
+        launch_q_len = q_len if args.varlen is None else max(varlen_q_lens(batch, args.varlen))
+        splits = case_splits(case, args, max(launch_q_len, 1), sm_count)
         split = splits > 1
-        if args.varlen is not None and not any(varlen_q_lens(batch, args.varlen)):
+        if args.varlen is not None and not launch_q_len:
             rec["skipped"] = f"no query tokens: every request's q_len in {args.varlen[:batch]} is 0"
         elif not is_supported(heads, page, variant_dtype(args), split=split):
             rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {variant_dtype(args)}, "
@@ -1010,7 +1011,7 @@ def main(argv=None) -> int:
             continue
         try:
             if args.varlen is not None:
-                row = run_varlen_case(case, args.varlen, args, pool, flush, gen, dtype, sm_count)
+                row = run_varlen_case(case, args.varlen, args, pool, flush, gen, dtype, sm_count, splits)
             else:
                 row = run_case(case, splits, args, pool, flush, gen, dtype, q_len)
                 if args.vs_q1:

@@ -201,7 +201,7 @@ class Variant:
     @classmethod
     def from_name(cls, name: str) -> "Variant":
         """Parse a name produced by :attr:`name`; raises ValueError for anything else."""
-        m = _NAME_RE.match(name)
+        m = _NAME_RE.fullmatch(name) if isinstance(name, str) else None  # fullmatch: no trailing newline
         if m is None or m.group("d") not in DTYPES:
             raise ValueError(
                 f"variant name: expected 'mla_decode_h<num_heads>_p<page_size>_<{'|'.join(sorted(DTYPES))}>_<split|nosplit>', "

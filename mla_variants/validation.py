@@ -40,18 +40,25 @@ def fail(arg: str, expected: str, got) -> None:
     raise MLAInputError(f"{arg}: expected {expected}, got {got}")
 
 
+SHOWN_MAX = 200  # characters of a value's repr in an error message
+
+
 def shown(v) -> str:
-    """repr(v) for an error message; a tensor (also inside a tuple or list) by its dtype, shape and
-    device; an int too long for repr (Python refuses ints of more than 4300 digits as text) by its size,
-    so the caller still gets MLAInputError, not ValueError."""
+    """repr(v) for an error message, at most SHOWN_MAX characters; a tensor (also inside a tuple or list)
+    by its dtype, shape and device; an int too long for repr (Python refuses ints of more than 4300
+    digits as text) by its size, and a value whose repr raises by its type, so the caller still gets
+    MLAInputError, not the repr's own error."""
     if isinstance(v, torch.Tensor):  # its kind, not its values
         return f"a {v.dtype} tensor of shape {tuple(v.shape)} on {v.device}"
     if isinstance(v, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in v):
         return f"a {type(v).__name__} of {', '.join(shown(t) for t in v)}"
     try:
-        return repr(v)
+        text = repr(v)
     except ValueError:
         return f"an int of {v.bit_length()} bits" if isinstance(v, int) else f"a {type(v).__name__}"
+    except Exception:  # a __repr__ that raises: the type still says what was given
+        return f"a value of type {type(v).__name__} (its repr() raised)"
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX - 3]}..."
 
 
 def check_tensor(arg: str, t, dims: int, dtype=None, device=None) -> None:

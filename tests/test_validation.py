@@ -389,3 +389,20 @@ def test_default_num_kv_splits_names_a_bad_argument(name, value):
     args[name] = value
     with pytest.raises(MLAInputError, match=f"^{name}: expected"):
         default_num_kv_splits(**args)
+
+
+def test_shown_survives_a_raising_repr_and_shortens_a_long_one():
+    """An argument's value in an error message: a repr that raises still gives a message (the caller
+    gets MLAInputError naming the argument, not the repr's error), and a huge one is cut."""
+    from mla_variants.validation import SHOWN_MAX, fail, shown
+
+    class Odd:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    assert shown(Odd()) == "a value of type Odd (its repr() raised)"
+    with pytest.raises(MLAInputError, match="^softmax_scale: expected a float, got a value of type Odd"):
+        fail("softmax_scale", "a float", shown(Odd()))
+    long = shown("x" * 10_000)
+    assert len(long) == SHOWN_MAX and long.endswith("...") and long.startswith("'xxx")
+    assert shown(0.5) == "0.5" and shown(10 ** 5000) == "an int of 16610 bits"

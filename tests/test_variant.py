@@ -25,7 +25,8 @@ def test_name_spelling():
 
 @pytest.mark.parametrize("bad", ["mla_decode_h16_p64_bf16", "mla_decode_h0_p64_bf16_split", "mla_decode_h16_p64_fp8_split",
                                  "decode_h16_p64_bf16_split", "mla_decode_h16_p64_bf16_split_x",
-                                 "mla_decode_h16_p64_fp8_e5m2_split", "mla_decode_h16_p64__split"])
+                                 "mla_decode_h16_p64_fp8_e5m2_split", "mla_decode_h16_p64__split",
+                                 "mla_decode_h16_p64_bf16_split\n", " mla_decode_h16_p64_bf16_split"])
 def test_bad_names_are_rejected(bad):
     with pytest.raises(ValueError, match="variant name"):
         Variant.from_name(bad)

@@ -53,8 +53,8 @@ __device__ __forceinline__ QueryRow query_row(const MlaDecodeArgs& a, int b, int
 
 // Whether the query-row block m_block of ROWS rows (row = qi * NUM_HEADS + h) lies wholly before request
 // b's first token in a varlen launch (its q_len_b = query_start_loc[b + 1] - query_start_loc[b] is below
-// the launch's q_len): such a CTA reads no keys and, query_row placing none of its rows, writes no out
-// or lse row (a workspace piece it writes is never combined: the combine places rows by query_row too).
+// the launch's q_len): such a CTA reads no keys and, query_row placing none of its rows, stores
+// nothing (out, lse and workspace pieces are all stored through query_row).
 // Both roles of a CTA evaluate it alike. A malformed request's rows, which query_row never places, may
 // or may not count as empty; either way nothing of them is stored.
 template <int NUM_HEADS, int ROWS>

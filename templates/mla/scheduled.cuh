@@ -100,7 +100,8 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
 }
 
 // The scheduled math warpgroups: rows_64 for each segment in turn (a segment without tiles only
-// writes its rows: out 0 and lse -inf, or NaN), with the stage and Q parities the producer uses.
+// writes its placed rows: out 0 and lse -inf, or NaN; a row block without any, nothing), with the
+// stage and Q parities the producer uses.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedStorage<Cache>& s) {
   static_assert(SPLIT, "a scheduled launch writes workspace pieces: split variants only");
