@@ -202,6 +202,14 @@ __global__ void __launch_bounds__(128, 1) check(const uint8_t* v, const uint8_t*
   }
 }
 
+// Cycles per round of `round` over `reps` rounds, by this thread's clock (the timing kernels use thread 0's).
+template <class Round>
+__device__ __forceinline__ long long cycles_per_round(int reps, Round round) {
+  const long long t0 = clock64();
+  for (int r = 0; r < reps; ++r) round();
+  return (clock64() - t0) / reps;
+}
+
 // Cycles per round of the column sums alone (the centred-P correction's extra wgmmas).
 __global__ void __launch_bounds__(128, 1) timing_colsum(const uint8_t* v, const uint8_t* p, int reps, long long* cycles,
                                                         float* sink) {
@@ -209,11 +217,9 @@ __global__ void __launch_bounds__(128, 1) timing_colsum(const uint8_t* v, const 
   const Smem& s = load_tile(smem_raw, v, p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float cs[kMBlocks][4];
-  const long long t0 = clock64();
-  for (int r = 0; r < reps; ++r) colsum(s, warp, lane, cs);
-  const long long t1 = clock64();
+  const long long c = cycles_per_round(reps, [&] { colsum(s, warp, lane, cs); });
   sink[threadIdx.x] = cs[0][0] + cs[kMBlocks - 1][3];
-  if (threadIdx.x == 0) *cycles = (t1 - t0) / reps;
+  if (threadIdx.x == 0) *cycles = c;
 }
 
 // Cycles per round of pv<kFast> over `reps` rounds (thread 0's clock).
@@ -224,9 +230,7 @@ __global__ void __launch_bounds__(128, 1) timing(const uint8_t* v, const uint8_t
   const Smem& s = load_tile(smem_raw, v, p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float o[kMBlocks][32];
-  const long long t0 = clock64();
-  for (int r = 0; r < reps; ++r) pv<kFast>(s, warp, lane, o);
-  const long long t1 = clock64();
+  const long long c = cycles_per_round(reps, [&] { pv<kFast>(s, warp, lane, o); });
   float acc = 0.f;
   CUTE_UNROLL
   for (int mb = 0; mb < kMBlocks; ++mb) {
@@ -234,7 +238,7 @@ __global__ void __launch_bounds__(128, 1) timing(const uint8_t* v, const uint8_t
     for (int e = 0; e < 32; ++e) acc += o[mb][e];  // static indices: the accumulators stay in registers
   }
   sink[threadIdx.x] = acc;
-  if (threadIdx.x == 0) *cycles = (t1 - t0) / reps;
+  if (threadIdx.x == 0) *cycles = c;
 }
 
 static double e4m3(uint8_t b) {
