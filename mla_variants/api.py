@@ -151,10 +151,11 @@ def list_variants() -> list[tuple[int, int, str, bool]]:
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
     """Whether a call with these parameters can be served by the variants loaded now, without compiling
     (dtype: torch dtype or 'bf16'/'fp16'/'fp8_e4m3'/'fp8_e4m3_fast', where torch.float8_e4m3fn means the
-    exact fp8 cache variants and 'fp8_e4m3_fast' the fast ones; masked head counts and head groups count as served). With the JIT on (the default), a
-    call that this says False for compiles its variant on first use instead of failing. Raises MLAInputError for num_heads or page_size that is not
-    an int from 1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none
-    of these; LibraryNotBuiltError when nothing was built."""
+    exact fp8 cache variants and 'fp8_e4m3_fast' the fast ones; masked head counts and head groups count
+    as served). With the JIT on (the default), a call that this says False for compiles its variant on
+    first use instead of failing. Raises MLAInputError for num_heads or page_size that is not an int from
+    1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none of these;
+    LibraryNotBuiltError when nothing was built."""
     for name, v in (("num_heads", num_heads), ("page_size", page_size)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20:
             fail(name, "an int from 1 to 2**20", shown(v))
