@@ -1,7 +1,8 @@
-"""Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer_rows64.cuh),
+"""Protocol simulation of the 64-row path's KV ring: consume_two_stage (consumer_rows64.cuh) with
 copy_fp8_tiles and widen_fp8_tiles (producer_fp8.cuh), at two stages of 64 tokens (the seesaw order
 that releases tile a before S(b): kSFirst = false) and at the short-split kernel's four stages of 32
-(S first), and at two stages with TMA pages' copies (a launch with tma != "off" on a page size TMA
+(S first), and with the 16-bit producer (producer.cuh produce: one in-order copy per slot into two
+stages of 64, S first), and at two stages with the fp8 TMA pages' copies (a launch with tma != "off" on a page size TMA
 serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes
 land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes one,
 by both warps).
@@ -14,7 +15,8 @@ cp.async arrivals are deferred events fired at random times (in order per copy w
 Data checks: a slot's next copy must come after every read of its previous tile; widening reads
 raw bytes only after both copy warps' copies landed; math reads only after both widen warps wrote;
 the upper-row (raw-overwriting) widen writes only after both widen warps read the raw bytes. At the
-end every barrier must be between phases (no partial arrivals). A deadlock, a stale pass, an
+end every barrier must be between phases (no partial arrivals) and every named barrier between
+generations. A deadlock, a stale pass, an
 over-arrival or a data race is reported per configuration.
 
 mutation= injects a bug the checks must catch (so the simulation can fail):
@@ -60,12 +62,12 @@ class NB:  # hardware named barrier, units = agents
             s.arrived = set(); s.gen += 1
 
 class Sim:
-    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False):
+    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False):
         assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar"), mutation
-        s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
+        s.n, s.ring, s.rng, s.policy, s.mutation, s.b16 = n, ring, rng, policy, mutation, b16
         # TMA pages: the full tiles (all but a partial last one, which the seed decides) go by TMA
         s.tma, s.n_full = tma, (n - rng.randrange(2)) if tma else 0
-        full_count = 32 if mutation == "full32" else 64
+        full_count = 128 if b16 else 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
@@ -81,7 +83,10 @@ class Sim:
         s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
         s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
         s.sfirst, s.groups = sfirst, groups
-        s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
+        if b16:  # the 16-bit producer warpgroup: Q, then every slot of every tile in order (cp.async)
+            s.agents = {"copy0": s.produce16()}
+        else:
+            s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
         s.blocked = {}
 
@@ -103,6 +108,20 @@ class Sim:
         else:
             r.add(f"PV{c // 4}")
         return r
+
+    def readable(s, t, c):
+        """Whether the math warps may read tile t's slot c: its 16-bit bytes landed, or it was widened."""
+        return s.landed.get((t, c), 0) >= 1 if s.b16 else s.widened.get((t, c), 0) == NWIDEN
+
+    # ---------------- the 16-bit producer (produce, cp.async path)
+    def produce16(s):
+        yield ("arrive", s.q_full, 128)
+        for t in range(s.n):
+            for c in range(NSUB):
+                slot = (t % s.ring) * NSUB + c
+                yield ("wait", s.kv_empty[slot], ((t // s.ring) & 1) ^ 1, t // s.ring, f"producer t{t} c{c}")
+                yield ("check_copy", t, c, 0)
+                yield ("async_arrive", "copy0", s.kv_full[slot], 128, (t, c), 1)
 
     # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1; Q is rounded between)
     def copy(s, w):
@@ -260,8 +279,8 @@ class Sim:
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:
-                if s.widened.get((rd[0], c), 0) != NWIDEN:
-                    raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before widened")
+                if not s.readable(rd[0], c):
+                    raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before its bytes are there")
             s.pending_reads.setdefault(wg, []).append(rd); return True
         if k == "wgwait":
             _, wg, keep = op
@@ -274,7 +293,7 @@ class Sim:
         if k == "check_copy":
             _, t, c, w = op
             s.check_readers_done(t, c, f"copy{w} (for tile {t}, slot {c}) overwrites")
-            if t >= s.ring:
+            if t >= s.ring and not s.b16:
                 prev = t - s.ring
                 if s.widened.get((prev, c), 0) != NWIDEN:
                     raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
@@ -293,6 +312,10 @@ class Sim:
             return True
         if k == "check_math_read":
             _, t, c = op
+            if s.b16:
+                if not s.readable(t, c):
+                    raise Err(f"math reads tile {t} slot {c} before its bytes landed")
+                return True
             if s.widened.get((t, c), 0) != NWIDEN:
                 raise Err(f"math reads tile {t} slot {c} before widened ({s.widened.get((t, c), 0)} of {NWIDEN} writers)")
             if s.full_arrived.get((t, c), 0) != NWIDEN:
@@ -367,6 +390,9 @@ class Sim:
         for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
+        for nb in s.nb.values():
+            if nb.arrived:
+                raise Err(f"named barrier {nb.name} ends with arrivals of {sorted(nb.arrived)}")
 
     def fire(s, k):
         q = s.events[k]
@@ -390,19 +416,21 @@ def main(nseeds=None, mutation=None):
         for tma in ((False, True) if ring == 2 else (False,)):
             if mutation == "tma_no_bar" and not tma:
                 continue
-            configs.append((ring, sfirst, groups, tma))
+            configs.append((ring, sfirst, groups, tma, False))
+    if mutation in (None, "early_release"):  # the 16-bit kernels: two stages of 64, S first
+        configs.append((2, True, None, False, True))
     bad = 0
-    for ring, sfirst, groups, tma in configs:
+    for ring, sfirst, groups, tma, b16 in configs:
         errs = {}
         for n in range(1, 13):
             for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
                 for seed in range(nseeds):
                     rng = random.Random(seed * 1000 + n)
                     try:
-                        Sim(n, ring, sfirst, groups, rng, policy, mutation, tma).run()
+                        Sim(n, ring, sfirst, groups, rng, policy, mutation, tma, b16).run()
                     except Err as e:
                         errs.setdefault(str(e)[:200], []).append((n, policy, seed))
-        tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "")
+        tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "") + (" 16-bit" if b16 else "")
         if mutation is not None:
             tag += f" mutation={mutation}"
         if errs:
