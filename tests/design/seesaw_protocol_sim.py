@@ -27,39 +27,16 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
                  release a phase too early; only the TMA configuration runs)
 
     python3 tests/design/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; the design tests run main(6): 3 configurations
+    # 200: minutes; the design tests run main(6): 4 configurations
 """
+import os
 import random
 import sys
 
-NSUB = 9
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol_kit import MB, NB, NSUB, Err, empty_count, sweep  # noqa: E402
+
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
-def empty_count(stage, slot):  # two_stage_empty_count (consumer_rows64.cuh)
-    return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
-
-class Err(Exception):
-    pass
-
-class MB:
-    def __init__(s, name, count):
-        s.name, s.count, s.pending, s.phase = name, count, count, 0
-    def arrive(s, n):
-        s.pending -= n
-        if s.pending < 0:
-            raise Err(f"over-arrival on {s.name}")
-        if s.pending == 0:
-            s.phase += 1
-            s.pending = s.count
-
-class NB:  # hardware named barrier, units = agents
-    def __init__(s, name, expected):
-        s.name, s.expected, s.arrived, s.gen = name, expected, set(), 0
-    def arrive(s, who):
-        if who in s.arrived:
-            raise Err(f"{who} arrived twice in one generation of named barrier {s.name}")
-        s.arrived.add(who)
-        if len(s.arrived) == s.expected:
-            s.arrived = set(); s.gen += 1
 
 class Sim:
     def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False):
@@ -421,25 +398,12 @@ def main(nseeds=None, mutation=None):
         configs.append((2, True, None, False, True))
     bad = 0
     for ring, sfirst, groups, tma, b16 in configs:
-        errs = {}
-        for n in range(1, 13):
-            for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
-                for seed in range(nseeds):
-                    rng = random.Random(seed * 1000 + n)
-                    try:
-                        Sim(n, ring, sfirst, groups, rng, policy, mutation, tma, b16).run()
-                    except Err as e:
-                        errs.setdefault(str(e)[:200], []).append((n, policy, seed))
         tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "") + (" 16-bit" if b16 else "")
         if mutation is not None:
             tag += f" mutation={mutation}"
-        if errs:
-            bad += 1
-            print(tag, "ERRORS:")
-            for e, where in list(errs.items())[:5]:
-                print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
-        else:
-            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds")
+        bad += sweep(tag, lambda n, policy, seed: Sim(n, ring, sfirst, groups, random.Random(seed * 1000 + n), policy,
+                                                      mutation, tma, b16).run(),
+                     range(1, 13), ("random", "producer_first", "math_first", "wg0_first", "wg1_first"), nseeds)
     return bad
 
 if __name__ == "__main__":
