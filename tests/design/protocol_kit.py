@@ -33,6 +33,19 @@ class MB:
             raise Err(f"over-arrival on {s.name}")
         s._maybe_complete()
 
+    def try_wait(s, parity, want, what):
+        """try_wait.parity: passes iff the current (incomplete) phase's index % 2 != parity. `want` is
+        the count of completed phases the waiter means; passing at another count is a stale phase,
+        blocking after it is a lapped one. True if it passes."""
+        if s.phase % 2 != parity:
+            if s.phase != want:
+                raise Err(f"stale phase: {what} waited parity {parity} on {s.name}, wants {want} completed phases, "
+                          f"has {s.phase}")
+            return True
+        if s.phase >= want:
+            raise Err(f"lapped: {what} on {s.name} blocks although phase {want} done (has {s.phase})")
+        return False
+
     def complete_tx(s, n, phase):
         """n bytes that phase `phase` (its count of completed phases before it) waits for."""
         if s.phase != phase:
@@ -46,6 +59,17 @@ class NB:
 
     def __init__(s, name, expected):
         s.name, s.expected, s.arrived, s.gen = name, expected, set(), 0
+        s.waiting = {}  # agent -> the generation it arrived in, while its bar.sync waits
+
+    def sync(s, who):
+        """bar.sync by `who`, one step: arrives on the first call; True once the generation completed."""
+        if who not in s.waiting:
+            s.waiting[who] = s.gen
+            s.arrive(who)
+        if s.gen > s.waiting[who]:
+            del s.waiting[who]
+            return True
+        return False
 
     def arrive(s, who):
         if who in s.arrived:

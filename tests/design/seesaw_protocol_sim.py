@@ -65,7 +65,6 @@ class Sim:
         else:
             s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
-        s.blocked = {}
 
     def check_readers_done(s, t, c, what):
         """Slot c of tile t overwrites tile t - ring's data there: every reader of that use must be done."""
@@ -225,14 +224,7 @@ class Sim:
         k = op[0]
         if k == "wait":
             _, mb, parity, want, what = op
-            passes = (mb.phase % 2) != parity
-            if passes:
-                if mb.phase != want:
-                    raise Err(f"stale phase: {what} waited parity {parity} on {mb.name}, wants {want} completed phases, has {mb.phase}")
-                return True
-            if mb.phase >= want:
-                raise Err(f"lapped: {what} on {mb.name} blocks although phase {want} done (has {mb.phase})")
-            return False
+            return mb.try_wait(parity, want, what)
         if k == "arrive":
             op[1].arrive(op[2]); return True
         if k == "arrive_full":
@@ -244,15 +236,7 @@ class Sim:
         if k == "nb_arrive":
             op[1].arrive(op[2]); return True
         if k == "nb_sync":
-            nb = op[1]
-            key = (name, id(nb))
-            if key not in s.blocked:
-                g = nb.gen
-                nb.arrive(op[2])
-                s.blocked[key] = g
-            if nb.gen > s.blocked[key]:
-                del s.blocked[key]; return True
-            return False
+            return op[1].sync(op[2])
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:
