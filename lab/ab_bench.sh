@@ -38,21 +38,4 @@ if [ -n "${PYTEST_B:-}" ]; then
   (cd "$(cd "$other" && pwd)" && PYTHONPATH="$(pwd):${PYTHONPATH:-}" MLA_VARIANTS_GENERATED=$gen_B \
       python3 -m pytest -p no:cacheprovider $PYTEST_B 2>&1 | tee "$OUT/ab_pytest_B.log" | tail -8)
 fi
-python3 - "$OUT/ab_A.json" "$OUT/ab_B.json" <<'EOF'
-import json, math, sys
-def cases(path):
-    data = json.load(open(path))
-    rows = data["cases"] if isinstance(data, dict) else data
-    # Anchor cases whose variant the filter did not build carry no time of ours.
-    return {(c["num_heads"], c["batch"], c["seq_mean"], c["page_size"], c["ragged"]): c
-            for c in rows if "cold_us" in c}
-a, b = cases(sys.argv[1]), cases(sys.argv[2])
-ratios = []
-print(f"{'heads':>5} {'batch':>5} {'seq':>6} {'page':>4} {'rag':>3} {'A us':>9} {'B us':>9} {'B/A':>6}")
-for key in sorted(set(a) & set(b)):
-    ra, rb = a[key]["cold_us"], b[key]["cold_us"]
-    ratios.append(rb / ra)
-    print(f"{key[0]:>5} {key[1]:>5} {key[2]:>6} {key[3]:>4} {'y' if key[4] else 'n':>3} {ra:>9.1f} {rb:>9.1f} {rb / ra:>6.3f}")
-if ratios:
-    print(f"geomean B/A over {len(ratios)} cases: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} (below 1: B is faster)")
-EOF
+python3 "$root/lab/ab_compare.py" "$OUT/ab_A.json" "$OUT/ab_B.json"

@@ -1,4 +1,4 @@
-"""Design checks that run on the host (no GPU): the protocol simulations of the fp8 KV rings
+"""Design checks that run on the host (no GPU): the protocol simulations of the KV rings
 (tests/design/seesaw_protocol_sim.py for the 64-row path, st_ring_protocol_sim.py for the transposed
 path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
 index math against CuTe's layouts (tile_layout_check.cu for the 64-row path, st_layout_check.cu for the
@@ -17,18 +17,18 @@ DESIGN = Path(__file__).resolve().parent / "design"
 
 
 def test_seesaw_protocol_simulation_passes(capsys):
-    """The 64-row fp8 ring's barrier protocol (two stages of 64 tokens, tile a released before S(b), with
-    cp.async copies and with TMA pages' copies; the fp8 short-split kernel's four stages of 32, S first)
-    with the in-place widening producer: no deadlock, stale phase, over-arrival or data race over
-    num_tiles 1-12 and five scheduling policies (6 random interleavings each here; the script's default
-    is 200)."""
+    """The 64-row ring's barrier protocol: the fp8 kernels with the in-place widening producer (two stages
+    of 64 tokens, tile a released before S(b), with cp.async copies and with TMA pages' copies; the
+    short-split kernel's four stages of 32, S first) and the 16-bit kernels (two stages of 64, S first):
+    no deadlock, stale phase, over-arrival, data race or unbalanced named barrier over num_tiles 1-12
+    and five scheduling policies (6 random interleavings each here; the script's default is 200)."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](6) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert out.count(" OK: ") == 3, out
+    assert out.count(" OK: ") == 4, out
 
 
-@pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 3), ("no_w8", 3), ("tma_no_bar", 1)])
+@pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 4), ("no_w8", 3), ("tma_no_bar", 1)])
 def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
     """The simulation can fail: a kv_full count for one widening warp, warpgroup 0 releasing its half of
     V before P V reads it, widening warps that overwrite raw bytes without their barrier, and TMA pages'

@@ -1,7 +1,8 @@
 """The lab's device recipes (lab/*.sh) parse and its probes (lab/*.cu) compile: both
 run only on the GPU machine, where a syntax error would cost a device call. The ncu stall ledger
 (lab/ncu_stalls.py) reads a source page, and the fp8 MMA accuracy study (lab/fp8_mma_accuracy.py)
-separates the designs it measures (CPU)."""
+separates the designs it measures (CPU), and lab/ab_compare.py takes medians over passes (CPU)."""
+import json
 import runpy
 import subprocess
 from pathlib import Path
@@ -155,3 +156,32 @@ def test_fp8_fast_launchers_compile_without_spills_in_the_loop(tmp_path):
     sass = subprocess.run([str(cuobjdump), "-sass", str(so)], check=True, capture_output=True, text=True).stdout
     assert "GMMA" in sass
     assert not local_memory_in_wgmma_span(sass)
+
+
+def _bench_file(tmp_path, name, times):
+    """A bench.py result file with one case per (heads, cold_us, graph_us) entry."""
+    rows = [{"num_heads": h, "batch": 32, "seq_mean": 4096, "page_size": 64, "ragged": False, "q_len": 1,
+             "cold_us": cold, "graph_us": graph, "best_us": 100.0} for h, cold, graph in times]
+    rows.append({"num_heads": 8, "batch": 32, "seq_mean": 4096, "page_size": 64, "ragged": False, "skipped": "x"})
+    path = tmp_path / name
+    path.write_text(json.dumps({"cases": rows}))
+    return str(path)
+
+
+def test_ab_compare_takes_medians_over_passes(lab_module, tmp_path):
+    """Per case, the medians of each side's passes; cases missing from a file are left out."""
+    a = [_bench_file(tmp_path, "a1.json", [(16, 100.0, 80.0), (128, 200.0, 150.0)]),
+         _bench_file(tmp_path, "a2.json", [(16, 110.0, 90.0), (128, 220.0, 160.0)]),
+         _bench_file(tmp_path, "a3.json", [(16, 300.0, 85.0), (128, 210.0, 155.0)])]
+    b = [_bench_file(tmp_path, "b1.json", [(16, 50.0, 40.0), (128, 420.0, 300.0)]),
+         _bench_file(tmp_path, "b2.json", [(16, 55.0, 45.0), (128, 440.0, 310.0)]),
+         _bench_file(tmp_path, "b3.json", [(16, 52.5, 42.5)])]
+    with lab_module("ab_compare") as ab:
+        lines = ab.compare([a[0], b[0], a[1], b[1], a[2], b[2]])
+    assert lines[0].startswith("1 cases, 3 pass(es)")  # 128 heads is missing from b3
+    row = lines[2].split()
+    assert row[:5] == ["h16", "b32", "s4096", "p64", "q1"]
+    assert [float(x) for x in row[5:8]] == [110.0, 52.5, round(52.5 / 110.0, 3)]
+    assert lines[-1].startswith(f"geomean B/A: cold {52.5 / 110.0:.3f}, graph {42.5 / 85.0:.3f}")
+    with lab_module("ab_compare") as ab:
+        assert ab.main([a[0]]) == 2

@@ -1,7 +1,8 @@
-"""Protocol simulation of the 64-row fp8 path's KV ring: consume_two_stage (consumer_rows64.cuh),
+"""Protocol simulation of the 64-row path's KV ring: consume_two_stage (consumer_rows64.cuh) with
 copy_fp8_tiles and widen_fp8_tiles (producer_fp8.cuh), at two stages of 64 tokens (the seesaw order
 that releases tile a before S(b): kSFirst = false) and at the short-split kernel's four stages of 32
-(S first), and at two stages with TMA pages' copies (a launch with tma != "off" on a page size TMA
+(S first), and with the 16-bit producer (producer.cuh produce: one in-order copy per slot into two
+stages of 64, S first), and at two stages with the fp8 TMA pages' copies (a launch with tma != "off" on a page size TMA
 serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes
 land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes one,
 by both warps).
@@ -14,7 +15,8 @@ cp.async arrivals are deferred events fired at random times (in order per copy w
 Data checks: a slot's next copy must come after every read of its previous tile; widening reads
 raw bytes only after both copy warps' copies landed; math reads only after both widen warps wrote;
 the upper-row (raw-overwriting) widen writes only after both widen warps read the raw bytes. At the
-end every barrier must be between phases (no partial arrivals). A deadlock, a stale pass, an
+end every barrier must be between phases (no partial arrivals) and every named barrier between
+generations. A deadlock, a stale pass, an
 over-arrival or a data race is reported per configuration.
 
 mutation= injects a bug the checks must catch (so the simulation can fail):
@@ -25,47 +27,24 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
                  release a phase too early; only the TMA configuration runs)
 
     python3 tests/design/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; the design tests run main(6): 3 configurations
+    # 200: minutes; the design tests run main(6): 4 configurations
 """
+import os
 import random
 import sys
 
-NSUB = 9
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol_kit import MB, NB, NSUB, Err, empty_count, sweep  # noqa: E402
+
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
-def empty_count(stage, slot):  # two_stage_empty_count (consumer_rows64.cuh)
-    return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
-
-class Err(Exception):
-    pass
-
-class MB:
-    def __init__(s, name, count):
-        s.name, s.count, s.pending, s.phase = name, count, count, 0
-    def arrive(s, n):
-        s.pending -= n
-        if s.pending < 0:
-            raise Err(f"over-arrival on {s.name}")
-        if s.pending == 0:
-            s.phase += 1
-            s.pending = s.count
-
-class NB:  # hardware named barrier, units = agents
-    def __init__(s, name, expected):
-        s.name, s.expected, s.arrived, s.gen = name, expected, set(), 0
-    def arrive(s, who):
-        if who in s.arrived:
-            raise Err(f"{who} arrived twice in one generation of named barrier {s.name}")
-        s.arrived.add(who)
-        if len(s.arrived) == s.expected:
-            s.arrived = set(); s.gen += 1
 
 class Sim:
-    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False):
+    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False):
         assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar"), mutation
-        s.n, s.ring, s.rng, s.policy, s.mutation = n, ring, rng, policy, mutation
+        s.n, s.ring, s.rng, s.policy, s.mutation, s.b16 = n, ring, rng, policy, mutation, b16
         # TMA pages: the full tiles (all but a partial last one, which the seed decides) go by TMA
         s.tma, s.n_full = tma, (n - rng.randrange(2)) if tma else 0
-        full_count = 32 if mutation == "full32" else 64
+        full_count = 128 if b16 else 32 if mutation == "full32" else 64
         s.kv_full = [MB(f"kv_full[{i}]", full_count) for i in range(ring * NSUB)]
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
@@ -81,9 +60,11 @@ class Sim:
         s.pending_reads = {}        # (agent) -> list of (t, slots, tag) in flight (wgmma groups)
         s.rowmax = {0: [], 1: []}   # log of ('w'|'r', pair)
         s.sfirst, s.groups = sfirst, groups
-        s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
+        if b16:  # the 16-bit producer warpgroup: Q, then every slot of every tile in order (cp.async)
+            s.agents = {"copy0": s.produce16()}
+        else:
+            s.agents = {"copy0": s.copy(0), "copy1": s.copy(1), "widen0": s.widen(0), "widen1": s.widen(1)}
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
-        s.blocked = {}
 
     def check_readers_done(s, t, c, what):
         """Slot c of tile t overwrites tile t - ring's data there: every reader of that use must be done."""
@@ -103,6 +84,20 @@ class Sim:
         else:
             r.add(f"PV{c // 4}")
         return r
+
+    def readable(s, t, c):
+        """Whether the math warps may read tile t's slot c: its 16-bit bytes landed, or it was widened."""
+        return s.landed.get((t, c), 0) >= 1 if s.b16 else s.widened.get((t, c), 0) == NWIDEN
+
+    # ---------------- the 16-bit producer (produce, cp.async path)
+    def produce16(s):
+        yield ("arrive", s.q_full, 128)
+        for t in range(s.n):
+            for c in range(NSUB):
+                slot = (t % s.ring) * NSUB + c
+                yield ("wait", s.kv_empty[slot], ((t // s.ring) & 1) ^ 1, t // s.ring, f"producer t{t} c{c}")
+                yield ("check_copy", t, c, 0)
+                yield ("async_arrive", "copy0", s.kv_full[slot], 128, (t, c), 1)
 
     # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1; Q is rounded between)
     def copy(s, w):
@@ -229,14 +224,7 @@ class Sim:
         k = op[0]
         if k == "wait":
             _, mb, parity, want, what = op
-            passes = (mb.phase % 2) != parity
-            if passes:
-                if mb.phase != want:
-                    raise Err(f"stale phase: {what} waited parity {parity} on {mb.name}, wants {want} completed phases, has {mb.phase}")
-                return True
-            if mb.phase >= want:
-                raise Err(f"lapped: {what} on {mb.name} blocks although phase {want} done (has {mb.phase})")
-            return False
+            return mb.try_wait(parity, want, what)
         if k == "arrive":
             op[1].arrive(op[2]); return True
         if k == "arrive_full":
@@ -248,20 +236,12 @@ class Sim:
         if k == "nb_arrive":
             op[1].arrive(op[2]); return True
         if k == "nb_sync":
-            nb = op[1]
-            key = (name, id(nb))
-            if key not in s.blocked:
-                g = nb.gen
-                nb.arrive(op[2])
-                s.blocked[key] = g
-            if nb.gen > s.blocked[key]:
-                del s.blocked[key]; return True
-            return False
+            return op[1].sync(op[2])
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:
-                if s.widened.get((rd[0], c), 0) != NWIDEN:
-                    raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before widened")
+                if not s.readable(rd[0], c):
+                    raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before its bytes are there")
             s.pending_reads.setdefault(wg, []).append(rd); return True
         if k == "wgwait":
             _, wg, keep = op
@@ -274,7 +254,7 @@ class Sim:
         if k == "check_copy":
             _, t, c, w = op
             s.check_readers_done(t, c, f"copy{w} (for tile {t}, slot {c}) overwrites")
-            if t >= s.ring:
+            if t >= s.ring and not s.b16:
                 prev = t - s.ring
                 if s.widened.get((prev, c), 0) != NWIDEN:
                     raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
@@ -293,6 +273,10 @@ class Sim:
             return True
         if k == "check_math_read":
             _, t, c = op
+            if s.b16:
+                if not s.readable(t, c):
+                    raise Err(f"math reads tile {t} slot {c} before its bytes landed")
+                return True
             if s.widened.get((t, c), 0) != NWIDEN:
                 raise Err(f"math reads tile {t} slot {c} before widened ({s.widened.get((t, c), 0)} of {NWIDEN} writers)")
             if s.full_arrived.get((t, c), 0) != NWIDEN:
@@ -367,6 +351,9 @@ class Sim:
         for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
+        for nb in s.nb.values():
+            if nb.arrived:
+                raise Err(f"named barrier {nb.name} ends with arrivals of {sorted(nb.arrived)}")
 
     def fire(s, k):
         q = s.events[k]
@@ -390,28 +377,17 @@ def main(nseeds=None, mutation=None):
         for tma in ((False, True) if ring == 2 else (False,)):
             if mutation == "tma_no_bar" and not tma:
                 continue
-            configs.append((ring, sfirst, groups, tma))
+            configs.append((ring, sfirst, groups, tma, False))
+    if mutation in (None, "early_release"):  # the 16-bit kernels: two stages of 64, S first
+        configs.append((2, True, None, False, True))
     bad = 0
-    for ring, sfirst, groups, tma in configs:
-        errs = {}
-        for n in range(1, 13):
-            for policy in ("random", "producer_first", "math_first", "wg0_first", "wg1_first"):
-                for seed in range(nseeds):
-                    rng = random.Random(seed * 1000 + n)
-                    try:
-                        Sim(n, ring, sfirst, groups, rng, policy, mutation, tma).run()
-                    except Err as e:
-                        errs.setdefault(str(e)[:200], []).append((n, policy, seed))
-        tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "")
+    for ring, sfirst, groups, tma, b16 in configs:
+        tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "") + (" 16-bit" if b16 else "")
         if mutation is not None:
             tag += f" mutation={mutation}"
-        if errs:
-            bad += 1
-            print(tag, "ERRORS:")
-            for e, where in list(errs.items())[:5]:
-                print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
-        else:
-            print(tag, "OK: num_tiles 1..12, 5 policies x", nseeds, "seeds")
+        bad += sweep(tag, lambda n, policy, seed: Sim(n, ring, sfirst, groups, random.Random(seed * 1000 + n), policy,
+                                                      mutation, tma, b16).run(),
+                     range(1, 13), ("random", "producer_first", "math_first", "wg0_first", "wg1_first"), nseeds)
     return bad
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""What the protocol simulations of the 64-row path share (seesaw_protocol_sim.py): the barriers as they
+model them, the empty-barrier counts of consume_two_stage, and the sweep that runs one configuration
+over tile counts, scheduling policies and seeds and reports it."""
+NSUB = 9  # slots of a KV tile (config.cuh kSubTiles)
+
+
+class Err(Exception):
+    """A protocol error one simulated run found (deadlock, stale phase, race, ...)."""
+
+
+def empty_count(stage, slot):
+    """two_stage_empty_count (consumer_rows64.cuh): the math warps that read a slot of a stage."""
+    return 8 if slot == NSUB - 1 else (4 if slot // 4 == stage % 2 else 8)
+
+
+class MB:
+    """An mbarrier: `count` arrivals and a transaction count per phase; the phase completes when both
+    are done (tx may go below 0 within a phase, as when bytes land before their expect_tx)."""
+
+    def __init__(s, name, count):
+        s.name, s.count, s.pending, s.tx, s.phase = name, count, count, 0, 0
+
+    def _maybe_complete(s):
+        if s.pending == 0 and s.tx == 0:
+            s.phase += 1
+            s.pending = s.count
+
+    def arrive(s, n, tx=0):
+        """n arrivals, expecting tx more bytes (arrive.expect_tx)."""
+        s.tx += tx
+        s.pending -= n
+        if s.pending < 0:
+            raise Err(f"over-arrival on {s.name}")
+        s._maybe_complete()
+
+    def try_wait(s, parity, want, what):
+        """try_wait.parity: passes iff the current (incomplete) phase's index % 2 != parity. `want` is
+        the count of completed phases the waiter means; passing at another count is a stale phase,
+        blocking after it is a lapped one. True if it passes."""
+        if s.phase % 2 != parity:
+            if s.phase != want:
+                raise Err(f"stale phase: {what} waited parity {parity} on {s.name}, wants {want} completed phases, "
+                          f"has {s.phase}")
+            return True
+        if s.phase >= want:
+            raise Err(f"lapped: {what} on {s.name} blocks although phase {want} done (has {s.phase})")
+        return False
+
+    def complete_tx(s, n, phase):
+        """n bytes that phase `phase` (its count of completed phases before it) waits for."""
+        if s.phase != phase:
+            raise Err(f"{s.name}: bytes meant for phase {phase} land in phase {s.phase}")
+        s.tx -= n
+        s._maybe_complete()
+
+
+class NB:
+    """A hardware named barrier; units are agents (each arrives once per generation)."""
+
+    def __init__(s, name, expected):
+        s.name, s.expected, s.arrived, s.gen = name, expected, set(), 0
+        s.waiting = {}  # agent -> the generation it arrived in, while its bar.sync waits
+
+    def sync(s, who):
+        """bar.sync by `who`, one step: arrives on the first call; True once the generation completed."""
+        if who not in s.waiting:
+            s.waiting[who] = s.gen
+            s.arrive(who)
+        if s.gen > s.waiting[who]:
+            del s.waiting[who]
+            return True
+        return False
+
+    def arrive(s, who):
+        if who in s.arrived:
+            raise Err(f"{who} arrived twice in one generation of named barrier {s.name}")
+        s.arrived.add(who)
+        if len(s.arrived) == s.expected:
+            s.arrived = set()
+            s.gen += 1
+
+
+def sweep(tag, run, tiles, policies, nseeds):
+    """run(num_tiles, policy, seed) over every combination; prints "<tag> OK: ..." or the first five
+    distinct errors with where they occurred; returns 1 if any run failed, else 0."""
+    errs = {}
+    for n in tiles:
+        for policy in policies:
+            for seed in range(nseeds):
+                try:
+                    run(n, policy, seed)
+                except Err as e:
+                    errs.setdefault(str(e)[:200], []).append((n, policy, seed))
+    if not errs:
+        print(tag, f"OK: num_tiles {tiles[0]}..{tiles[-1]}, {len(policies)} policies x", nseeds, "seeds")
+        return 0
+    print(tag, "ERRORS:")
+    for e, where in list(errs.items())[:5]:
+        print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
+    return 1
