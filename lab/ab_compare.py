@@ -25,6 +25,11 @@ def cases(path: str) -> dict:
             for c in rows if "cold_us" in c}
 
 
+def gm(values: list) -> float:
+    """bench.py's geomean, NaN for no values."""
+    return geomean(values) or math.nan
+
+
 def compare(files: list) -> list:
     """Lines of the comparison of A files files[0::2] against B files files[1::2]."""
     runs_a, runs_b = [cases(f) for f in files[0::2]], [cases(f) for f in files[1::2]]
@@ -49,9 +54,6 @@ def compare(files: list) -> list:
         name = f"h{k[0]} b{k[1]} s{k[2]} p{k[3]}{' ragged' if k[4] else ''} q{k[5]}"
         out.append(f"{name:<28} {ac:>8.1f} {bc:>8.1f} {bc / ac:>6.3f} {ag:>8.1f} {bg:>8.1f} {bg / ag:>6.3f} "
                    f"{peer or math.nan:>8.1f} {peer / bc if peer else math.nan:>6.3f}")
-    def gm(values: list) -> float:
-        return geomean(values) or math.nan
-
     out.append(f"geomean B/A: cold {gm(cold):.3f}, graph {gm(graph):.3f} (below 1: B is faster); "
                f"worst cold {max(cold, default=math.nan):.3f}; peer/ours: A {gm(peer_a):.3f}, "
                f"B {gm(peer_b):.3f}, B at or below the peer in {sum(x >= 1 for x in peer_b)} of {len(peer_b)}")
