@@ -12,6 +12,10 @@ import json
 import math
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench import geomean  # noqa: E402  # the benchmark's one geometric mean (None for no values)
 
 
 def cases(path: str) -> dict:
@@ -21,8 +25,9 @@ def cases(path: str) -> dict:
             for c in rows if "cold_us" in c}
 
 
-def geomean(values: list) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+def gm(values: list) -> float:
+    """bench.py's geomean, NaN for no values."""
+    return geomean(values) or math.nan
 
 
 def compare(files: list) -> list:
@@ -49,9 +54,9 @@ def compare(files: list) -> list:
         name = f"h{k[0]} b{k[1]} s{k[2]} p{k[3]}{' ragged' if k[4] else ''} q{k[5]}"
         out.append(f"{name:<28} {ac:>8.1f} {bc:>8.1f} {bc / ac:>6.3f} {ag:>8.1f} {bg:>8.1f} {bg / ag:>6.3f} "
                    f"{peer or math.nan:>8.1f} {peer / bc if peer else math.nan:>6.3f}")
-    out.append(f"geomean B/A: cold {geomean(cold):.3f}, graph {geomean(graph):.3f} (below 1: B is faster); "
-               f"worst cold {max(cold, default=math.nan):.3f}; peer/ours: A {geomean(peer_a):.3f}, "
-               f"B {geomean(peer_b):.3f}, B at or below the peer in {sum(x >= 1 for x in peer_b)} of {len(peer_b)}")
+    out.append(f"geomean B/A: cold {gm(cold):.3f}, graph {gm(graph):.3f} (below 1: B is faster); "
+               f"worst cold {max(cold, default=math.nan):.3f}; peer/ours: A {gm(peer_a):.3f}, "
+               f"B {gm(peer_b):.3f}, B at or below the peer in {sum(x >= 1 for x in peer_b)} of {len(peer_b)}")
     return out
 
 

@@ -14,24 +14,18 @@ def empty_count(stage, slot):
 
 
 class MB:
-    """An mbarrier: `count` arrivals and a transaction count per phase; the phase completes when both
-    are done (tx may go below 0 within a phase, as when bytes land before their expect_tx)."""
+    """An mbarrier: `count` arrivals per phase."""
 
     def __init__(s, name, count):
-        s.name, s.count, s.pending, s.tx, s.phase = name, count, count, 0, 0
+        s.name, s.count, s.pending, s.phase = name, count, count, 0
 
-    def _maybe_complete(s):
-        if s.pending == 0 and s.tx == 0:
-            s.phase += 1
-            s.pending = s.count
-
-    def arrive(s, n, tx=0):
-        """n arrivals, expecting tx more bytes (arrive.expect_tx)."""
-        s.tx += tx
+    def arrive(s, n):
         s.pending -= n
         if s.pending < 0:
             raise Err(f"over-arrival on {s.name}")
-        s._maybe_complete()
+        if s.pending == 0:
+            s.phase += 1
+            s.pending = s.count
 
     def try_wait(s, parity, want, what):
         """try_wait.parity: passes iff the current (incomplete) phase's index % 2 != parity. `want` is
@@ -45,13 +39,6 @@ class MB:
         if s.phase >= want:
             raise Err(f"lapped: {what} on {s.name} blocks although phase {want} done (has {s.phase})")
         return False
-
-    def complete_tx(s, n, phase):
-        """n bytes that phase `phase` (its count of completed phases before it) waits for."""
-        if s.phase != phase:
-            raise Err(f"{s.name}: bytes meant for phase {phase} land in phase {s.phase}")
-        s.tx -= n
-        s._maybe_complete()
 
 
 class NB:

@@ -1,11 +1,11 @@
 """Protocol simulation of the 64-row path's KV ring: consume_two_stage (consumer_rows64.cuh) with
 copy_fp8_tiles and widen_fp8_tiles (producer_fp8.cuh), at two stages of 64 tokens (the seesaw order
-that releases tile a before S(b): kSFirst = false) and at the short-split kernel's four stages of 32
-(S first), and with the 16-bit producer (producer.cuh produce: one in-order copy per slot into two
-stages of 64, S first), and at two stages with the fp8 TMA pages' copies (a launch with tma != "off" on a page size TMA
-serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose bytes
-land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes one,
-by both warps).
+that releases tile a before S(b): kSFirst = false), at the short-split kernel's four stages of 32 (S
+first), and at two stages with the fp8 TMA pages' copies (a launch with tma != "off" on a page size
+TMA serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose
+bytes land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes
+one, by both warps); and with the 16-bit producer (producer.cuh produce: one in-order copy per slot
+into two stages of 64, S first).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -16,8 +16,7 @@ Data checks: a slot's next copy must come after every read of its previous tile;
 raw bytes only after both copy warps' copies landed; math reads only after both widen warps wrote;
 the upper-row (raw-overwriting) widen writes only after both widen warps read the raw bytes. At the
 end every barrier must be between phases (no partial arrivals) and every named barrier between
-generations. A deadlock, a stale pass, an
-over-arrival or a data race is reported per configuration.
+generations. A deadlock, a stale pass, an over-arrival or a data race is reported per configuration.
 
 mutation= injects a bug the checks must catch (so the simulation can fail):
   full32         kv_full initialised for one widening warp's 32 arrivals instead of 64
