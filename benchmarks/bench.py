@@ -75,6 +75,7 @@ from mla_variants import (LibraryNotBuiltError, MLADecodePlan, default_num_kv_sp
                           mla_decode, mla_decode_reference, mla_decode_varlen, mla_decode_varlen_reference,
                           workspace_size)
 from mla_variants.testing import FP8_FAST_TOLERANCE, FP8_TOLERANCE, compare  # noqa: E402
+from codegen.variant import call_dtype  # noqa: E402
 
 HEAD_DIM = 576        # kv_lora_rank 512 + qk_rope_head_dim 64
 V_DIM = 512
@@ -371,10 +372,13 @@ def fp8_kwargs(inputs: dict) -> dict:
     return {} if k_scale is None else {"k_scale": k_scale, "fp8_mode": FP8_MODE}
 
 
-def variant_dtype(args) -> str:
+def variant_dtype(args, num_heads: int | None = None) -> str:
     """The variants.yaml dtype token the run's calls dispatch to: --dtype, or fp8_e4m3_fast for
-    --dtype fp8_e4m3 --fp8-mode fast (what support checks, split choices and the records use)."""
-    return "fp8_e4m3_fast" if args.dtype == "fp8_e4m3" and args.fp8_mode == "fast" else args.dtype
+    --dtype fp8_e4m3 --fp8-mode fast (what support checks, split choices and the records use); with
+    num_heads, the token of the variants a call of that many heads runs (codegen.variant.call_dtype:
+    fast calls of at most 32 heads run fp8_e4m3)."""
+    token = "fp8_e4m3_fast" if args.dtype == "fp8_e4m3" and args.fp8_mode == "fast" else args.dtype
+    return token if num_heads is None else call_dtype(token, num_heads)
 
 
 def case_tolerance(inputs: dict) -> dict:
@@ -992,7 +996,7 @@ def main(argv=None) -> int:
         heads, page, batch = case["num_heads"], case["page_size"], len(case["seq_lens"])
         rec = {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us",
                                         "best_peer", "best_graph_us", "best_graph_peer")}
-        rec.update(index=i, dtype=variant_dtype(args), q_len=q_len, seq_total=sum(case["seq_lens"]))
+        rec.update(index=i, dtype=variant_dtype(args, heads), q_len=q_len, seq_total=sum(case["seq_lens"]))
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
         # A varlen case's launch: q_len = its batch's longest request, whose split count mla_decode_varlen's
@@ -1025,8 +1029,8 @@ def main(argv=None) -> int:
             print(f"[{i + 1}/{len(cases)}] error {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['error']}", flush=True)
             results.append(rec)
             continue
-        row["exact_variant"] = (heads, page, variant_dtype(args), split) in compiled or (
-            not split and (heads, page, variant_dtype(args), True) in compiled)
+        row["exact_variant"] = (heads, page, variant_dtype(args, heads), split) in compiled or (
+            not split and (heads, page, variant_dtype(args, heads), True) in compiled)
         if args.varlen is None:
             derived(case, row, elem, q_len, ceilings, q_elem)
         rec.update(row)

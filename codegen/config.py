@@ -14,7 +14,9 @@ axes is an impossible combination. An exclude rule drops every variant whose val
 rule names is among the rule's values (the axes it does not name match anything), from the full build
 and from every preset, as CUTLASS's generator leaves out the kernels its filters reject. A rule may
 also name `path`: the kernel path a variant runs (PathFacts: "transposed" for at most 32 heads,
-"rows64" above), so that a rule about a path keeps holding for head counts added later.
+"rows64" above), so that a rule about a path keeps holding for head counts added later. A variant no
+call dispatches to is never in a selection (codegen.variant.call_dtype: fp8_e4m3_fast at most 32 heads,
+which the fp8_e4m3 variants serve).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from .variant import DTYPES, Variant
+from .variant import DTYPES, ST_MAX_HEADS, Variant, call_dtype
 
 AXES = ("num_heads", "page_size", "dtype", "split")
 PATHS = ("transposed", "rows64")  # exclude rules' `path` values (Variant.path)
@@ -100,7 +102,8 @@ class ExcludeRule:
 
 
 def _product(axes: dict[str, tuple], exclude: tuple = ()) -> list[Variant]:
-    out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))}
+    # A variant no call dispatches to is not a variant (call_dtype: fp8_e4m3_fast at most 32 heads).
+    out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES)) if call_dtype(d, h) == d}
     return sorted((v for v in out if not any(r.drops(v) for r in exclude)), key=lambda v: v.name)
 
 
@@ -288,5 +291,6 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
             presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel,
                                    _line(k), tuple(exclude))
             if not presets[name].variants():
-                r.fail(k, f"presets.{name}: every variant it selects is dropped by an exclude rule")
+                r.fail(k, f"presets.{name}: every variant it selects is dropped by an exclude rule (or is an "
+                          f"fp8_e4m3_fast variant of at most {ST_MAX_HEADS} heads, which no call runs: codegen.variant.call_dtype)")
     return Config(path, text, arch, dims, axes, axis_lines, presets, tuple(exclude))

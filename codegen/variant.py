@@ -37,6 +37,15 @@ ST32_MIN_KEYS = 1024          # kSt32MinKeys: 17..32-head 16-bit launches with s
 FP8_SHORT_SPLIT_KEYS = 128    # kFp8ShortSplitKeys: fp8 64-row split launches with splits this short run 32-token tiles
 
 
+def call_dtype(dtype: str, num_heads: int) -> str:
+    """The dtype token of the variants that serve a call of `dtype` with num_heads heads: `dtype` itself,
+    except that fp8_e4m3_fast (fp8_mode="fast") at most ST_MAX_HEADS heads runs the fp8_e4m3 variants:
+    the transposed path has no fast kernel, and its exact one is faster there (docs/design.md 3.3).
+    So no fp8_e4m3_fast variant of at most ST_MAX_HEADS heads is built (codegen.config) or dispatched to
+    (mla_variants.dispatch, mla_variants.ensure_variant)."""
+    return "fp8_e4m3" if dtype == FP8_FAST and num_heads <= ST_MAX_HEADS else dtype
+
+
 @dataclass(frozen=True)
 class PathFacts:
     """Which kernels a variant runs; the same fields, in order, as templates/mla/config.cuh PathFacts.

@@ -5,17 +5,17 @@ import pytest
 import torch
 
 from codegen.build import parse_resource_usage
-from codegen.config import load_config
+from codegen.config import ConfigError, load_config
 from codegen.paths import project_dir
 from codegen.render import render
-from codegen.variant import PathFacts, Variant
+from codegen.variant import PathFacts, Variant, call_dtype
 from mla_variants import MLAInputError, api, validation
 from mla_variants.dispatch import VariantNotCompiledError, plan_launches
 
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("heads", [16, 64, 128])
+@pytest.mark.parametrize("heads", [40, 64, 128])
 def test_a_fast_variant_runs_the_one_64_row_kernel_at_any_head_count(heads):
     v = Variant(heads, 16, "fp8_e4m3_fast", True)
     assert v.name == f"mla_decode_h{heads}_p16_fp8_e4m3_fast_split" and Variant.from_name(v.name) == v
@@ -107,10 +107,10 @@ def test_a_fast_call_dispatches_to_the_fast_variants_and_an_exact_one_does_not(m
 def test_a_missing_fast_variant_names_the_yaml_change_and_ensure_variant():
     table = {(128, 64, "fp8_e4m3", True): "mla_decode_h128_p64_fp8_e4m3_split"}
     with pytest.raises(VariantNotCompiledError) as e:
-        plan_launches(table, 16, 64, "fp8_e4m3_fast", True)
+        plan_launches(table, 64, 64, "fp8_e4m3_fast", True)
     msg = str(e.value)
     assert "dtype=fp8_e4m3_fast" in msg and "add fp8_e4m3_fast to axes.dtype" in msg
-    assert "ensure_variant(16, 64, 'fp8_e4m3_fast', True)" in msg and "mla_decode_h128_p64_fp8_e4m3_split" in msg
+    assert "ensure_variant(64, 64, 'fp8_e4m3_fast', True)" in msg and "mla_decode_h128_p64_fp8_e4m3_split" in msg
 
 
 def test_is_supported_names_the_fast_token_among_the_dtypes():
@@ -119,18 +119,18 @@ def test_is_supported_names_the_fast_token_among_the_dtypes():
 
 
 def _fp8_call(kv, out=None, lse=None, total_q_tokens=0):
-    """A validated-call stand-in (CPU tensors): 2 requests of 16 heads, page 64, an fp8 cache."""
-    c = validation.Call.of_shape(2, 16, 1, 64, torch.bfloat16, 0, 4, FP8)
+    """A validated-call stand-in (CPU tensors): 2 requests of 64 heads, page 64, an fp8 cache."""
+    c = validation.Call.of_shape(2, 64, 1, 64, torch.bfloat16, 0, 4, FP8)
     c.kv_cache, c.out, c.lse, c.total_q_tokens = kv, out, lse, total_q_tokens
     return c
 
 
 @pytest.fixture
 def fp8_library(monkeypatch):
-    """A stub library with the exact and the fast h16 p64 split variants, and the launches the entry points
+    """A stub library with the exact and the fast h64 p64 split variants, and the launches the entry points
     hand to launching.launch (recorded, not run)."""
     from mla_variants import _binding, launching
-    table = {(16, 64, d, True): f"mla_decode_h16_p64_{d}_split" for d in ("fp8_e4m3", "fp8_e4m3_fast")}
+    table = {(64, 64, d, True): f"mla_decode_h64_p64_{d}_split" for d in ("fp8_e4m3", "fp8_e4m3_fast")}
     stub = _StubLibrary(table)
     monkeypatch.setattr(_binding, "library", lambda: stub)
     monkeypatch.setattr(api, "sm_count", lambda device_index: 132)
@@ -143,10 +143,10 @@ def fp8_library(monkeypatch):
 def test_mla_decode_and_varlen_launch_the_variants_of_their_fp8_mode(fp8_library, monkeypatch, mode):
     from mla_variants import varlen
     kv = torch.zeros(4, 64, 576, dtype=FP8)
-    out, lse = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16), torch.empty(2, 16, 1)
+    out, lse = torch.empty(2, 1, 64, 512, dtype=torch.bfloat16), torch.empty(2, 64, 1)
     monkeypatch.setattr(api, "validate", lambda *a, **k: _fp8_call(kv, out, lse))
     monkeypatch.setattr(api, "check_disjoint", lambda *a, **k: None)
-    symbol = f"mla_decode_h16_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"
+    symbol = f"mla_decode_h64_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"
     api.mla_decode(None, kv, None, None, 0.1, num_kv_splits=1, out=out, lse=lse, k_scale=1.0, fp8_mode=mode)
     monkeypatch.setattr(varlen, "native_call", lambda *a, **k: _fp8_call(kv, out, lse, total_q_tokens=2))
     varlen.mla_decode_varlen(None, kv, None, None, 0.1, query_start_loc=None, max_q_len=1, num_kv_splits=1,
@@ -160,10 +160,10 @@ def test_a_plan_takes_the_variants_of_its_fp8_mode(fp8_library, monkeypatch, mod
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(plan, "check_workspace", lambda *a, **k: None)
-    p = MLADecodePlan(2, 16, 64, kv_dtype=FP8, max_seq_len=256, num_kv_splits=1, workspace=torch.empty(16),
+    p = MLADecodePlan(2, 64, 64, kv_dtype=FP8, max_seq_len=256, num_kv_splits=1, workspace=torch.empty(16),
                       fp8_mode=mode)
     assert [l.symbol for l in p.launches] == [
-        f"mla_decode_h16_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"]
+        f"mla_decode_h64_p64_{'fp8_e4m3_fast' if mode == 'fast' else 'fp8_e4m3'}_split"]
     assert f"fp8_mode={mode!r}" in repr(p)
     with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
         MLADecodePlan(2, 16, 64, max_seq_len=256, workspace=torch.empty(16), fp8_mode="fast")
@@ -182,3 +182,60 @@ def test_the_ops_pass_fp8_mode_on(monkeypatch):
     fns[1](t, t, t, t, t, 0.1, 0, t, t, t, "fast")
     fns[2](t, t, t, t, t, t, 1, 0.1, 0, t, "fast")
     assert seen == ["fast", "fast", "fast"]
+
+
+@pytest.mark.parametrize("heads, token", [(1, "fp8_e4m3"), (16, "fp8_e4m3"), (32, "fp8_e4m3"), (33, "fp8_e4m3_fast"),
+                                          (64, "fp8_e4m3_fast"), (128, "fp8_e4m3_fast"), (200, "fp8_e4m3_fast")])
+def test_fast_calls_of_at_most_32_heads_run_the_exact_variants(heads, token):
+    assert call_dtype("fp8_e4m3_fast", heads) == token
+    assert all(call_dtype(d, heads) == d for d in ("bf16", "fp16", "fp8_e4m3"))
+
+
+def test_a_fast_call_of_16_heads_dispatches_to_the_exact_variant_and_one_of_40_to_the_fast_one():
+    table = {(h, 64, d, True): f"mla_decode_h{h}_p64_{d}_split" for h in (16, 64) for d in ("fp8_e4m3", "fp8_e4m3_fast")}
+    assert [l.symbol for l in plan_launches(table, 16, 64, "fp8_e4m3_fast", True)] == ["mla_decode_h16_p64_fp8_e4m3_split"]
+    assert [l.symbol for l in plan_launches(table, 12, 64, "fp8_e4m3_fast", False)] == ["mla_decode_h16_p64_fp8_e4m3_split"]
+    assert [l.symbol for l in plan_launches(table, 40, 64, "fp8_e4m3_fast", True)] == [
+        "mla_decode_h64_p64_fp8_e4m3_fast_split"]
+    # No exact 16-head variant: the error names the variant such a call runs, fp8_e4m3.
+    with pytest.raises(VariantNotCompiledError) as e:
+        plan_launches({(64, 64, "fp8_e4m3_fast", True): "mla_decode_h64_p64_fp8_e4m3_fast_split"}, 16, 1, "fp8_e4m3_fast",
+                      True)
+    assert "dtype=fp8_e4m3," in str(e.value) and e.value.request == (16, 1, "fp8_e4m3", True)
+
+
+def test_no_fast_variant_of_at_most_32_heads_is_built_whatever_the_axes(tmp_path):
+    path = tmp_path / "v.yaml"
+    path.write_text("dims: {kv_lora_rank: 512, qk_rope_head_dim: 64}\narch: sm_90a\n"
+                    "axes: {num_heads: [16, 32, 48], page_size: [64], dtype: [fp8_e4m3_fast], split: [true]}\n"
+                    "presets:\n  small: {description: d, num_heads: [16]}\n  mixed: {description: d, num_heads: [16, 48]}\n")
+    with pytest.raises(ConfigError, match="presets.small: every variant it selects .* at most 32 heads"):
+        load_config(path)
+    path.write_text(path.read_text().replace("  small: {description: d, num_heads: [16]}\n", ""))
+    cfg = load_config(path)
+    assert [v.name for v in cfg.variants()] == ["mla_decode_h48_p64_fp8_e4m3_fast_split"]
+    assert [v.name for v in cfg.presets["mixed"].variants()] == ["mla_decode_h48_p64_fp8_e4m3_fast_split"]
+
+
+def test_a_filter_on_a_fast_variant_no_call_runs_names_the_one_it_does(tmp_path, capsys):
+    from codegen import cli
+    path = tmp_path / "v.yaml"
+    path.write_text("dims: {kv_lora_rank: 512, qk_rope_head_dim: 64}\narch: sm_90a\n"
+                    "axes: {num_heads: [16, 64], page_size: [64], dtype: [fp8_e4m3, fp8_e4m3_fast], split: [true]}\n")
+    argv = ["generate", "--config", str(path), "--generated-dir", str(tmp_path / "g"), "--build-dir", str(tmp_path / "b")]
+    assert cli.main(argv + ["--filter", "h16_p64_fp8_e4m3_fast"]) == 2
+    assert ("mla_decode_h16_p64_fp8_e4m3_fast_split is never built: a call of dtype fp8_e4m3_fast at 16 heads runs "
+            "mla_decode_h16_p64_fp8_e4m3_split (codegen.variant.call_dtype)") in capsys.readouterr().err
+    assert cli.main(argv + ["--filter", "fp8_e4m3_fast"]) == 0
+    assert "rendered 1 variant" in capsys.readouterr().out
+
+
+def test_ensure_variant_of_a_16_head_fast_call_makes_the_exact_variant(monkeypatch, tmp_path):
+    from mla_variants import _binding, jit
+    built = []
+    monkeypatch.setattr(_binding, "generated_dir", lambda: tmp_path / "none")
+    monkeypatch.setattr(jit, "cached_build", lambda *key: built.append(key) or (_ for _ in ()).throw(RuntimeError("stop")))
+    for heads in (16, 64):
+        with pytest.raises(RuntimeError, match="stop"):
+            jit.ensure_variant(heads, 64, "fp8_e4m3_fast", True)
+    assert built == [(16, 64, "fp8_e4m3", True), (64, 64, "fp8_e4m3_fast", True)]
