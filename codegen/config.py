@@ -62,7 +62,7 @@ class Preset:
         return _product(self.axes, self.exclude)
 
     def cross_product(self) -> list[Variant]:
-        """The preset's selection of the axes, exclude rules not applied."""
+        """The preset's selection of the axes (less the variants no call runs), exclude rules not applied."""
         return _product(self.axes)
 
 
@@ -82,7 +82,7 @@ class Config:
         return _product(self.axes, self.exclude)
 
     def cross_product(self) -> list[Variant]:
-        """The cross product of the axes, exclude rules not applied."""
+        """The cross product of the axes (less the variants no call runs), exclude rules not applied."""
         return _product(self.axes)
 
     def excluded_by(self, v: Variant) -> list["ExcludeRule"]:
