@@ -66,6 +66,23 @@ def test_fast_mode_runs_its_own_kernel():
     assert not torch.equal(exact[0], fast[0])
 
 
+def test_fast_mode_at_32_heads_or_fewer_runs_the_exact_variants():
+    """fp8_mode="fast" of at most 32 heads runs the fp8_e4m3 variants (codegen.variant.call_dtype): the same
+    launches as exact mode and bit-identical results."""
+    lib = _binding.library()
+    keys = sorted((k for k in lib.table if k[2] == "fp8_e4m3" and k[0] <= 32 and k[3]),
+                  key=lambda k: (k[0] != 16, k[1] != 64, k))
+    if not keys:
+        pytest.skip("no fp8_e4m3 split variant of at most 32 heads compiled")
+    heads, page, _, _ = keys[0]
+    assert lib.plan(heads, page, "fp8_e4m3_fast", True) == lib.plan(heads, page, "fp8_e4m3", True)
+    case = make_paged_case([700, 4100, 33], heads, page, 2, FP8, generator=torch.Generator().manual_seed(5),
+                           k_scale=0.5)
+    exact = run_nan_prefilled(case, 3, k_scale=0.5)
+    fast = run_nan_prefilled(case, 3, k_scale=0.5, fp8_mode="fast")
+    assert torch.equal(exact[0], fast[0]) and torch.equal(exact[1], fast[1])
+
+
 def test_fast_mode_with_a_16_bit_cache_is_refused():
     heads, page, _, _ = _any_fast_key()
     case = make_paged_case([100], heads, page, 1, torch.bfloat16, generator=torch.Generator().manual_seed(1))
