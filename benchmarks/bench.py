@@ -997,6 +997,8 @@ def main(argv=None) -> int:
         rec = {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us",
                                         "best_peer", "best_graph_us", "best_graph_peer")}
         rec.update(index=i, dtype=variant_dtype(args, heads), q_len=q_len, seq_total=sum(case["seq_lens"]))
+        if args.dtype == "fp8_e4m3":
+            rec["fp8_mode"] = args.fp8_mode  # the call's mode (dtype: the variants it ran, call_dtype)
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
         # A varlen case's launch: q_len = its batch's longest request, whose split count mla_decode_varlen's

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from .variant import DTYPES, ST_MAX_HEADS, Variant, call_dtype
+from .variant import DTYPES, FP8_FAST, ST_MAX_HEADS, Variant, call_dtype
 
 AXES = ("num_heads", "page_size", "dtype", "split")
 PATHS = ("transposed", "rows64")  # exclude rules' `path` values (Variant.path)
@@ -101,9 +101,14 @@ class ExcludeRule:
         return all(fields[axis] in vals for axis, vals in self.values.items())
 
 
+def _raw_product(axes: dict[str, tuple]) -> list[Variant]:
+    """Every combination of the axes, including variants no call dispatches to."""
+    return [Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))]
+
+
 def _product(axes: dict[str, tuple], exclude: tuple = ()) -> list[Variant]:
     # A variant no call dispatches to is not a variant (call_dtype: fp8_e4m3_fast at most 32 heads).
-    out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES)) if call_dtype(d, h) == d}
+    out = {v for v in _raw_product(axes) if call_dtype(v.dtype, v.num_heads) == v.dtype}
     return sorted((v for v in out if not any(r.drops(v) for r in exclude)), key=lambda v: v.name)
 
 
@@ -239,6 +244,10 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
     for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES, top["axes"][0]).items():
         axes[key] = r.axis_values(key, v, f"axes.{key}")
         axis_lines[key] = _line(k)
+    if not _product(axes):
+        r.fail(top["axes"][1], f"axes: every combination is an {FP8_FAST} variant of at most {ST_MAX_HEADS} heads, which no "
+                               f"call runs (codegen.variant.call_dtype: such calls run fp8_e4m3); add a head count above "
+                               f"{ST_MAX_HEADS} or another dtype")
 
     exclude: list[ExcludeRule] = []
     if "exclude" in top:
@@ -260,7 +269,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                         r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
                                      f"(line {axis_lines[axis]}), so the rule can never apply; remove it here")
             exclude.append(ExcludeRule(vals, _line(rule)))
-            if not any(exclude[-1].drops(v) for v in _product(axes)):
+            if not any(exclude[-1].drops(v) for v in _raw_product(axes)):
                 r.fail(rule, f"exclude[{i}]: matches no variant of the axes (e.g. a path no head count in "
                              f"axes.num_heads runs), so the rule can never apply; remove it")
         if not _product(axes, tuple(exclude)):

@@ -338,7 +338,7 @@ def main(argv=None) -> int:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-dtype", choices=sorted(LOGIT_BOUNDS), default="bf16")
     p.add_argument("--fp8-mode", choices=["exact", "fast"], default="exact",
-                   help="fp8 caches: exact (fp16 math) or fast (fp8 tensor cores; 64 and 128 heads)")
+                   help="fp8 caches: exact (fp16 math) or fast (fp8 tensor cores above 32 heads; exact at 32 or fewer)")
     p.add_argument("--q-len", type=int, default=1, help="tokens per decode step (1..8 on CUDA)")
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=8)

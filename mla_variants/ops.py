@@ -118,11 +118,12 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len,
             or q_pe.shape[:2] != q_nope.shape[:2]:
         fail("q_nope/q_pe", "shapes [total_q_tokens, num_heads, 512] and [total_q_tokens, num_heads, 64]",
              f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
-    _fake_check(q_nope[None], q_pe[None], kv_cache, k_scale, fp8_mode)
+    _fake_check(q_nope[None], q_pe[None], kv_cache, k_scale)
     if query_start_loc.dim() != 1 or query_start_loc.dtype is not torch.int32:
         fail("query_start_loc", "a 1-d int32 tensor [batch + 1]", f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN}", max_q_len)
+    fp8_token(fp8_mode, kv_cache.dtype)  # last, as the eager call checks it
     total, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((total, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((num_heads, total), dtype=torch.float32))

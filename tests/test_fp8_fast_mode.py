@@ -228,6 +228,10 @@ def test_a_filter_on_a_fast_variant_no_call_runs_names_the_one_it_does(tmp_path,
             "mla_decode_h16_p64_fp8_e4m3_split (codegen.variant.call_dtype)") in capsys.readouterr().err
     assert cli.main(argv + ["--filter", "fp8_e4m3_fast"]) == 0
     assert "rendered 1 variant" in capsys.readouterr().out
+    assert cli.main(argv + ["--filter", "h16_p64_fp8_e4m3_fast", "--filter", "h64_p64_fp8_e4m3_split"]) == 0
+    out = capsys.readouterr().out
+    assert "note: --filter h16_p64_fp8_e4m3_fast: mla_decode_h16_p64_fp8_e4m3_fast_split is never built" in out
+    assert "rendered 1 variant" in out
 
 
 def test_ensure_variant_of_a_16_head_fast_call_makes_the_exact_variant(monkeypatch, tmp_path):
@@ -239,3 +243,69 @@ def test_ensure_variant_of_a_16_head_fast_call_makes_the_exact_variant(monkeypat
         with pytest.raises(RuntimeError, match="stop"):
             jit.ensure_variant(heads, 64, "fp8_e4m3_fast", True)
     assert built == [(16, 64, "fp8_e4m3", True), (64, 64, "fp8_e4m3_fast", True)]
+
+
+def test_the_registered_fakes_check_fp8_mode_under_fake_tensors():
+    """What torch.compile traces: the ops' fake implementations, called through the dispatcher on fake meta
+    tensors, refuse a bad fp8_mode with the eager call's error and accept "fast" on an fp8 cache."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    ops = torch.ops.mla_variants
+    with FakeTensorMode():
+        def t(*shape, dtype=torch.bfloat16):
+            return torch.empty(*shape, dtype=dtype, device="meta")
+        qn, qp, bt, sl = t(1, 1, 16, 512), t(1, 1, 16, 64), t(1, 2, dtype=torch.int32), t(1, dtype=torch.int32)
+        out, lse, loc = t(1, 1, 16, 512), t(1, 16, 1, dtype=torch.float32), t(2, dtype=torch.int32)
+        calls = {
+            "mla_decode": lambda kv, k, mode: ops.mla_decode(qn, qp, kv, bt, sl, 0.1, 0, k, mode),
+            "mla_decode_out": lambda kv, k, mode: ops.mla_decode_out(qn, qp, kv, bt, sl, 0.1, 0, out, lse, k, mode),
+            "mla_decode_varlen": lambda kv, k, mode: ops.mla_decode_varlen(qn[0], qp[0], kv, bt, sl, loc, 1, 0.1, 0, k, mode),
+        }
+        kv16, kv8, k_scale = t(2, 64, 576), t(2, 64, 576, dtype=FP8), t(1, dtype=torch.float32)
+        for name, call in calls.items():
+            with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
+                call(kv16, None, "fast")
+            with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' or 'fast', got 'turbo'"):
+                call(kv8, k_scale, "turbo")
+            call(kv8, k_scale, "fast")  # no error: the fake accepts it (and returns shapes, or None in place)
+
+
+def test_is_supported_takes_the_fast_token_and_maps_small_head_counts(monkeypatch):
+    from mla_variants import _binding
+    table = {(64, 64, "fp8_e4m3_fast", True): "mla_decode_h64_p64_fp8_e4m3_fast_split",
+             (16, 64, "fp8_e4m3", True): "mla_decode_h16_p64_fp8_e4m3_split"}
+    monkeypatch.setattr(_binding, "library", lambda: _StubLibrary(table))
+    assert api.is_supported(64, 64, "fp8_e4m3_fast", split=True) and api.is_supported(40, 64, "fp8_e4m3_fast")
+    assert api.is_supported(16, 64, "fp8_e4m3_fast", split=True)  # runs the exact 16-head variant
+    assert not api.is_supported(64, 1, "fp8_e4m3_fast")
+
+
+def test_jit_on_first_use_of_a_16_head_fast_call_builds_the_exact_variant(monkeypatch, tmp_path):
+    """A library with JIT on (the default outside the tests): a fast call of 16 heads compiles the variant it
+    runs, fp8_e4m3, never an fp8_e4m3_fast one; a 64-head fast call compiles the fast one."""
+    from mla_variants import _binding, jit
+    monkeypatch.setenv("MLA_VARIANTS_JIT", "1")
+    lib = _binding.Library(tmp_path)  # no build: every variant comes on first use
+    built = []
+
+    def build(*key):
+        built.append(key)
+        raise RuntimeError("no compiler in this test")
+    monkeypatch.setattr(jit, "cached", lambda *key: None, raising=False)
+    monkeypatch.setattr(jit, "cached_build", build)
+    for heads in (16, 64):
+        with pytest.warns(RuntimeWarning), pytest.raises(VariantNotCompiledError):
+            lib.plan(heads, 64, "fp8_e4m3_fast", True)
+    assert [k[:3] for k in built] == [(16, 64, "fp8_e4m3"), (64, 64, "fp8_e4m3_fast")]
+
+
+def test_axes_of_only_never_run_fast_variants_are_an_error_and_narrowed_axes_keep_the_shipped_rules():
+    from codegen.config import parse_config
+    head = "dims: {kv_lora_rank: 512, qk_rope_head_dim: 64}\narch: sm_90a\n"
+    with pytest.raises(ConfigError, match="every combination is an fp8_e4m3_fast variant of at most 32 heads"):
+        parse_config(head + "axes: {num_heads: [16, 32], page_size: [64], dtype: [fp8_e4m3_fast], split: [true]}\n")
+    # A TP 4-16 deployment narrows num_heads to 8-32: the shipped exclude rules still load (a rule is checked
+    # against every combination of the axes, never-run fast variants included).
+    text = (project_dir() / "variants.yaml").read_text()
+    text = text[:text.index("\npresets:")].replace("num_heads: [8, 16, 32, 64, 128]", "num_heads: [8, 16, 32]")
+    cfg = parse_config(text)
+    assert cfg.variants() and all(v.dtype != "fp8_e4m3_fast" for v in cfg.variants())

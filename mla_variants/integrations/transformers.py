@@ -569,8 +569,8 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
         |row value| / 448), a positive float for every layer, or a list with one per attention layer.
         Cache value x k_scale = real value (mla_variants.fp8).
       fp8_mode: fp8 caches only: "exact" (default; the cache widened exactly to fp16 for the kernel's math)
-        or "fast" (fp8 tensor-core math, 64 and 128 heads; the README's "Which fp8 mode"), as mla_decode's
-        fp8_mode. The reference backend computes in fp32 under either mode.
+        or "fast" (fp8 tensor-core math above 32 heads, the exact kernels at 32 or fewer; the README's
+        "Which fp8 mode"), as mla_decode's fp8_mode. The reference backend computes in fp32 under either mode.
       backend: "auto" (the kernels when the model is on CUDA, else the reference), "kernel"
         (MLADecodePlan; CUDA only), "reference" (mla_decode_reference in fp32, any device).
       shuffle_pages: hand out pages from a shuffled pool (True, so block_table is a real indirection) or

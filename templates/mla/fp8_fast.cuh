@@ -40,6 +40,8 @@ constexpr float kPScale = 256.f;                 // P is stored as e4m3(p * 2^8)
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
 constexpr int kStages = 4;                       // tile t in stage t % 4; warpgroup t % 2 owns its S
+using Piece = cutlass::bfloat16_t;               // out's type, and that of a split launch's workspace pieces
+                                                 // at every head count (launch.cuh hands the combine this type)
 
 using LayoutTile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<_64, Int<kTileBytes>>{}));
 using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_64, _64>{}));
@@ -531,14 +533,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     const QueryRow q = query_row(a, w.b, qi, h);
     if (!q.valid) continue;
     const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
-    cutlass::bfloat16_t* dst;
+    Piece* dst;
     if (split) {  // the piece (split, request) of the workspace, 16-bit rows (workspace.cuh)
-      const SplitWorkspace<cutlass::bfloat16_t> ws = split_workspace<cutlass::bfloat16_t>(a);
+      const SplitWorkspace<Piece> ws = split_workspace<Piece>(a);
       const int64_t ws_row = (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads + int64_t(qi) * a.num_heads + h;
       dst = ws.o + ws_row * kHeadDimV;
       if (c.wg == 0 && c.warp == 0 && c.lane < 4) ws.lse[ws_row] = lse;
     } else {
-      dst = static_cast<cutlass::bfloat16_t*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
+      dst = static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
             int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
       if (c.wg == 0 && c.warp == 0 && c.lane < 4) {
         a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
@@ -548,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     for (int mb = 0; mb < 4; ++mb) {
       const int d0 = c.wg * 256 + mb * 64 + c.warp * 16 + 2 * (c.lane / 4);
       const int i = 4 * (jj >> 1) + (jj & 1);
-      *reinterpret_cast<uint32_t*>(dst + d0) = pack2<cutlass::bfloat16_t>(o[mb][i] * inv, o[mb][i + 2] * inv);
+      *reinterpret_cast<uint32_t*>(dst + d0) = pack2<Piece>(o[mb][i] * inv, o[mb][i + 2] * inv);
     }
   }
   allow_dependent_launch<SPLIT>();
