@@ -1,7 +1,8 @@
 """Configure and run the CMake + ninja build of the rendered variants.
 
 Records nvcc's resource usage (registers, stack, spills) per variant in <build>/resource_usage.json
-and fails, naming the variant, when a kernel spills registers to local memory.
+and fails, naming the variant, when a kernel spills registers to local memory or ptxas serializes its
+wgmma pipeline (notes C7511 / C7515).
 """
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ _REGS_RE = re.compile(r"Used (\d+) registers")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _OBJ_RE = re.compile(r"\[(\d+)/(\d+)\] Building CUDA object .*/([A-Za-z0-9_]+)\.cu\.o")
 _LINK_RE = re.compile(r"\[(\d+)/(\d+)\] Linking CUDA shared library .*?([A-Za-z0-9_.]+)$")
+# ptxas's notes that it serializes a kernel's wgmma instructions (each then waits for the previous one),
+# e.g. "(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to ... in the
+# function '_ZN3mla17mla_decode_kernelI...'"; C7515: "... due to non wgmma instructions defining ...".
+_SERIALIZED_RE = re.compile(r"\((C751[15])\) Potential Performance Loss: wgmma.*'(_ZN3mla17mla_decode_kernelI[^']*)'")
 
 
 def _variant_of_mangled(symbol: str) -> Variant | None:
@@ -84,13 +89,20 @@ def _variant_of_mangled(symbol: str) -> Variant | None:
 
 
 def parse_resource_usage(log: str) -> dict[str, dict]:
-    """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output.
-    A variant has several kernels (the balanced-schedule instantiation in its unit; the fp8 short-split
-    one or the 64-row one of a 17..32-head 16-bit variant in its second unit, Variant.units): each
-    field is the largest over them, so a spill in any kernel shows."""
+    """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output,
+    plus wgmma_serialized (ptxas's codes, e.g. ["C7511"]) for a variant one of whose kernels ptxas
+    serializes the wgmma pipeline in. A variant has several kernels (the balanced-schedule instantiation
+    in its unit; the fp8 short-split one or the 64-row one of a 17..32-head 16-bit variant in its second
+    unit, Variant.units): each field is the largest over them, so a spill in any kernel shows."""
     usage: dict[str, dict] = {}
     current: Variant | None = None
     for line in log.splitlines():
+        if (m := _SERIALIZED_RE.search(line)) and (v := _variant_of_mangled(m.group(2))) is not None:
+            codes = usage.setdefault(v.name, {}).setdefault("wgmma_serialized", [])
+            if m.group(1) not in codes:
+                codes.append(m.group(1))
+                codes.sort()
+            continue
         m = _ENTRY_RE.search(line)
         if m:
             current = _variant_of_mangled(m.group(1))
@@ -132,6 +144,26 @@ def configure_args(generated_dir: Path, build_dir: Path) -> list[str]:
         "-DCMAKE_CUDA_ARCHITECTURES=90a", "-DCMAKE_BUILD_TYPE=Release",
         f"-DCMAKE_CUDA_FLAGS={cudaflags()}",
     ]
+
+
+def check_usage(usage: dict[str, dict], variants: list[Variant], generated_dir: Path, build_dir: Path) -> None:
+    """Raise BuildError naming the variants whose kernels spill registers to local memory or whose wgmma
+    pipeline ptxas serializes (parse_resource_usage), after touching their sources so that the next
+    build compiles them again and reports it again."""
+    spilled = [n for n, r in usage.items() if max(r.get("spill_store_bytes", 0), r.get("spill_load_bytes", 0),
+                                                  r.get("stack_bytes", 0)) > 0]
+    serialized = [n for n, r in usage.items() if r.get("wgmma_serialized")]
+    by_name = {v.name: v for v in variants}
+    for name in spilled + serialized:
+        for file in by_name[name].sources:
+            (Path(generated_dir) / "variants" / file).touch()
+    if spilled:
+        raise BuildError("register spills to local memory in: " + ", ".join(
+            f"{n} ({usage[n].get('spill_store_bytes', 0)} B stores, {usage[n].get('stack_bytes', 0)} B stack)" for n in spilled))
+    if serialized:  # every wgmma then waits for the previous one: results are right, speed is not
+        raise BuildError("ptxas serializes the wgmma pipeline (each wgmma waits for the previous one) in: " + ", ".join(
+            f"{n} ({'/'.join(usage[n]['wgmma_serialized'])})" for n in serialized)
+            + f"; ptxas's notes are in {Path(build_dir) / 'last_build.log'}")
 
 
 def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: int | None = None,
@@ -188,15 +220,7 @@ def build(generated_dir: Path, build_dir: Path, variants: list[Variant], jobs: i
     write_if_changed(usage_path, json.dumps({k: usage[k] for k in sorted(usage) if k in kept}, indent=2,
                                             sort_keys=True) + "\n")
     usage = {k: usage[k] for k in sorted(usage) if k in selected}
-    spilled = [n for n, r in usage.items() if max(r.get("spill_store_bytes", 0), r.get("spill_load_bytes", 0),
-                                                  r.get("stack_bytes", 0)) > 0]
-    if spilled:
-        by_name = {v.name: v for v in variants}
-        for name in spilled:  # force a recompile next time so the error is not forgotten
-            for file in by_name[name].sources:
-                (generated_dir / "variants" / file).touch()
-        raise BuildError("register spills to local memory in: " + ", ".join(
-            f"{n} ({usage[n].get('spill_store_bytes', 0)} B stores, {usage[n].get('stack_bytes', 0)} B stack)" for n in spilled))
+    check_usage(usage, variants, generated_dir, build_dir)
 
     lib = build_dir / LIBRARY_NAME
     if not lib.is_file():

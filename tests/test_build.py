@@ -3,14 +3,16 @@ split and not, bf16, fp8_e4m3 and fp8_e4m3_fast, both second kernels) that links
 (no GPU needed); skipped with a reason where nvcc is missing."""
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from codegen.build import configure_args, parse_resource_usage
+from codegen.build import BuildError, check_usage, configure_args, parse_resource_usage
 from codegen.paths import CHECKOUT as ROOT
+from codegen.variant import Variant
 from mla_variants import _binding
 
 from conftest import needs_nvcc
@@ -167,6 +169,37 @@ def test_resource_usage_takes_the_worst_kernel_of_a_variant():
            "ptxas info    : Used 160 registers, used 1 barriers\n")
     assert parse_resource_usage(log) == {"mla_decode_h64_p64_fp8_e4m3_split": {
         "registers": 168, "stack_bytes": 8, "spill_store_bytes": 8, "spill_load_bytes": 8}}
+
+
+SERIALIZED_NOTE = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                   "due to insufficient register resources for the wgmma pipeline in the function "
+                   "'_ZN3mla17mla_decode_kernelIN7cutlass10bfloat16_tELi128ELi64ELb1ELb0ELb0ELi64EEEvNS_12DecodeParamsE'\n")
+
+
+def test_resource_usage_records_a_serialized_wgmma_pipeline():
+    """ptxas's C7511 / C7515 notes name the kernel; its variant gets them, whichever entry is being compiled."""
+    usage = parse_resource_usage(SPILL_LOG + SERIALIZED_NOTE + SERIALIZED_NOTE.replace("C7511", "C7515"))
+    assert usage["mla_decode_h128_p64_bf16_split"] == {"wgmma_serialized": ["C7511", "C7515"]}
+    assert "wgmma_serialized" not in usage["mla_decode_h32_p16_fp16_nosplit"]
+    # other notes (C7517 / C7519: injected waits and arrives) are not serialization
+    assert parse_resource_usage(SERIALIZED_NOTE.replace("(C7511)", "(C7519)")) == {}
+
+
+def test_check_usage_fails_on_spills_and_serialized_pipelines_and_touches_their_sources(tmp_path):
+    ok, spills, serial = Variant(16, 64, "bf16", True), Variant(32, 16, "fp16", False), Variant(128, 64, "bf16", True)
+    (tmp_path / "variants").mkdir()
+    for v in (ok, spills, serial):
+        for f in v.sources:
+            (tmp_path / "variants" / f).write_text("x")
+            os.utime(tmp_path / "variants" / f, (1, 1))
+    clean = {ok.name: {"registers": 168, "stack_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0}}
+    check_usage(clean, [ok], tmp_path, tmp_path)
+    with pytest.raises(BuildError, match=f"serializes the wgmma pipeline .* in: {serial.name} \\(C7511\\)"):
+        check_usage({**clean, serial.name: {"wgmma_serialized": ["C7511"]}}, [ok, serial], tmp_path, tmp_path)
+    assert all((tmp_path / "variants" / f).stat().st_mtime > 1 for f in serial.sources)
+    assert all((tmp_path / "variants" / f).stat().st_mtime == 1 for f in ok.sources)
+    with pytest.raises(BuildError, match=f"register spills to local memory in: {spills.name}"):
+        check_usage({spills.name: {"stack_bytes": 8, "spill_store_bytes": 8}}, [spills], tmp_path, tmp_path)
 
 
 @needs_nvcc
