@@ -74,7 +74,8 @@ _LINK_RE = re.compile(r"\[(\d+)/(\d+)\] Linking CUDA shared library .*?([A-Za-z0
 # ptxas's notes that it serializes a kernel's wgmma instructions (each then waits for the previous one),
 # e.g. "(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to ... in the
 # function '_ZN3mla17mla_decode_kernelI...'"; C7515: "... due to non wgmma instructions defining ...".
-_SERIALIZED_RE = re.compile(r"\((C751[15])\) Potential Performance Loss: wgmma.*'(_ZN3mla17mla_decode_kernelI[^']*)'")
+_SERIALIZED_RE = re.compile(r"\((C751[15])\) Potential Performance Loss: wgmma.*"
+                            r"'(_ZN3mla(?:17mla_decode_kernelI|4fast26mla_decode_fp8_fast_kernelI)[^']*)'")
 
 
 def _variant_of_mangled(symbol: str) -> Variant | None:

@@ -43,6 +43,13 @@ def test_a_fast_unit_launches_the_fast_cache_type(tmp_path):
     assert f"using Facts = {v.facts.cpp()};" in unit
 
 
+def test_a_serialized_fast_kernel_is_recorded_for_its_variant():
+    note = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the wgmma pipeline in the function "
+            "'_ZN3mla4fast26mla_decode_fp8_fast_kernelILi128ELi64ELb1EEEvNS_12DecodeParamsE'\n")
+    assert parse_resource_usage(note) == {"mla_decode_h128_p64_fp8_e4m3_fast_split": {"wgmma_serialized": ["C7511"]}}
+
+
 def test_ptxas_records_of_the_fast_kernel_name_their_variant():
     log = ("ptxas info    : Compiling entry function '_ZN3mla4fast26mla_decode_fp8_fast_kernelILi64ELi16ELb1EEEvNS_"
            "12DecodeParamsE' for 'sm_90a'\n"
