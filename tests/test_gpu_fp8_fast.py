@@ -114,7 +114,8 @@ def test_fast_varlen_against_reference():
 def test_fast_plan_in_a_graph_follows_k_scale_and_growing_lengths():
     heads, page, _, _ = _any_fast_key()
     g = torch.Generator().manual_seed(11)
-    case = make_paged_case([900, 0, 3000, 65], heads, page, 2, FP8, generator=g, k_scale=37.5)
+    case = make_paged_case([1000, 64, 3500, 200], heads, page, 2, FP8, generator=g, k_scale=37.5)  # pages for the last step
+    case.seq_lens.copy_(torch.tensor([900, 0, 3000, 65], dtype=torch.int32))
     plan = MLADecodePlan(4, heads, page, q_len=2, kv_dtype=FP8, max_seq_len=4096, fp8_mode="fast")
     assert "fp8_mode='fast'" in repr(plan) and all("fast" in l.symbol for l in plan.launches)
     scale = torch.tensor([37.5], device="cuda")
