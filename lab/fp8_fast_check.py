@@ -105,7 +105,7 @@ def speed(lib, results, reps):
         b = len(case["seq_lens"])
         out = torch.empty(b, case["q_len"], heads, 512, dtype=torch.bfloat16, device=device)
         lse = torch.empty(b, heads, case["q_len"], device=device)
-        splits = bench.case_splits(case, SimpleNamespace(num_kv_splits=None, dtype="fp8_e4m3"), case["q_len"],
+        splits = bench.case_splits(case, SimpleNamespace(num_kv_splits=None, dtype="fp8_e4m3", fp8_mode="exact"), case["q_len"],
                                    torch.cuda.get_device_properties(0).multi_processor_count)
         fast = fast_call(lib, inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"],
                          bench.SOFTMAX_SCALE, bench.K_SCALE, out, lse, splits)
