@@ -74,13 +74,15 @@ import torch  # noqa: E402
 from mla_variants import (LibraryNotBuiltError, MLADecodePlan, default_num_kv_splits, is_supported, list_variants,  # noqa: E402
                           mla_decode, mla_decode_reference, mla_decode_varlen, mla_decode_varlen_reference,
                           workspace_size)
-from mla_variants.testing import FP8_TOLERANCE, compare  # noqa: E402
+from mla_variants.testing import FP8_FAST_TOLERANCE, FP8_TOLERANCE, compare  # noqa: E402
+from codegen.variant import call_dtype  # noqa: E402
 
 HEAD_DIM = 576        # kv_lora_rank 512 + qk_rope_head_dim 64
 V_DIM = 512
 SOFTMAX_SCALE = (128 + 64) ** -0.5
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}  # the cache dtype
 K_SCALE = 0.5  # fp8 mode: the cache holds real / K_SCALE (q and out bf16)
+FP8_MODE = "exact"  # --fp8-mode: how an fp8 cache is multiplied (mla_decode's fp8_mode; main sets it)
 DEFAULT_CEILINGS = {"read_tbps": 4.463, "bf16_matmul_tflops": 785.9}
 FLUSH_BYTES = 512 << 20
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock, queued after each flush (see L2Flush)
@@ -364,6 +366,28 @@ def case_k_scale(inputs: dict) -> float | None:
     return K_SCALE if inputs["kv_cache"].dtype == torch.float8_e4m3fn else None
 
 
+def fp8_kwargs(inputs: dict) -> dict:
+    """The fp8 arguments of a decode call on the inputs: k_scale and --fp8-mode for an fp8 cache, none else."""
+    k_scale = case_k_scale(inputs)
+    return {} if k_scale is None else {"k_scale": k_scale, "fp8_mode": FP8_MODE}
+
+
+def variant_dtype(args, num_heads: int | None = None) -> str:
+    """The variants.yaml dtype token the run's calls dispatch to: --dtype, or fp8_e4m3_fast for
+    --dtype fp8_e4m3 --fp8-mode fast (what support checks, split choices and the records use); with
+    num_heads, the token of the variants a call of that many heads runs (codegen.variant.call_dtype:
+    fast calls of at most 32 heads run fp8_e4m3)."""
+    token = "fp8_e4m3_fast" if args.dtype == "fp8_e4m3" and args.fp8_mode == "fast" else args.dtype
+    return token if num_heads is None else call_dtype(token, num_heads)
+
+
+def case_tolerance(inputs: dict) -> dict:
+    """compare()'s bounds for the inputs' cache dtype and --fp8-mode."""
+    if inputs["kv_cache"].dtype != torch.float8_e4m3fn:
+        return {}
+    return FP8_FAST_TOLERANCE if FP8_MODE == "fast" else FP8_TOLERANCE
+
+
 def decode_call(inputs: dict, splits: int):
     """One mla_decode call on a case's inputs with `splits` splits, its out, lse and workspace allocated
     once here (nothing allocates per call, so the call can be timed and captured in a CUDA graph).
@@ -373,11 +397,11 @@ def decode_call(inputs: dict, splits: int):
     out = torch.empty(batch, q_len, heads, V_DIM, dtype=inputs["q"].dtype, device=device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
     ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
-    k_scale = case_k_scale(inputs)
+    kw = fp8_kwargs(inputs)
 
     def call():
         mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                   num_kv_splits=splits, out=out, lse=lse, workspace=ws, k_scale=k_scale)
+                   num_kv_splits=splits, out=out, lse=lse, workspace=ws, **kw)
     return call, out, lse
 
 
@@ -392,7 +416,8 @@ def balanced_call(inputs: dict, out: torch.Tensor, lse: torch.Tensor, num_kv_spl
     batch, q_len, heads, _ = q.shape
     max_keys = inputs["block_table"].shape[1] * page  # what a block_table row addresses
     plan = MLADecodePlan(batch, heads, page, q_len=q_len, dtype=q.dtype, kv_dtype=inputs["kv_cache"].dtype,
-                         max_seq_len=max_keys, num_kv_splits=num_kv_splits, balanced=True)
+                         max_seq_len=max_keys, num_kv_splits=num_kv_splits, balanced=True,
+                         fp8_mode=fp8_kwargs(inputs).get("fp8_mode", "exact"))
     kw = {} if overhead_tiles is None else {"overhead_tiles": overhead_tiles}
 
     def schedule():
@@ -426,7 +451,7 @@ def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
     fp8 = inputs["kv_cache"].dtype == torch.float8_e4m3fn
     ref_out, ref_lse = mla_decode_reference(inputs["q"][idx], inputs["kv_cache"], inputs["block_table"][idx],
                                             lens[idx], SOFTMAX_SCALE, k_scale=K_SCALE if fp8 else None)
-    return compare(out[idx], lse[idx], ref_out, ref_lse, **(FP8_TOLERANCE if fp8 else {}))
+    return compare(out[idx], lse[idx], ref_out, ref_lse, **case_tolerance(inputs))
 
 
 def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
@@ -437,7 +462,7 @@ def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
     page = case["page_size"]
     width = max(max(-(-n // page) for n in case["seq_lens"]), 1)
     return default_num_kv_splits(len(case["seq_lens"]), case["num_heads"], q_len, width * page, sm_count,
-                                 page_size=page, kv_dtype=args.dtype)
+                                 page_size=page, kv_dtype=variant_dtype(args))
 
 
 def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: torch.Generator,
@@ -486,13 +511,12 @@ def varlen_call(inputs: dict, q_lens: list[int], splits: int):
     heads = q_full.shape[2]
     out = torch.empty(q.shape[0], heads, V_DIM, dtype=q.dtype, device=device)
     lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=device)
-    k_scale = case_k_scale(inputs)
+    kw = fp8_kwargs(inputs)
     max_q_len = max(q_lens)
 
     def call():
         mla_decode_varlen(q, inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
-                          query_start_loc=loc, max_q_len=max_q_len, num_kv_splits=splits, out=out, lse=lse,
-                          k_scale=k_scale)
+                          query_start_loc=loc, max_q_len=max_q_len, num_kv_splits=splits, out=out, lse=lse, **kw)
     return call, out, lse, q, loc
 
 
@@ -516,8 +540,7 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
             kw = {"k_scale": case_k_scale(inputs)} if case_k_scale(inputs) is not None else {}
             ref = mla_decode_varlen_reference(q.cpu(), inputs["kv_cache"].cpu(), inputs["block_table"].cpu(),
                                               inputs["seq_lens"].cpu(), SOFTMAX_SCALE, query_start_loc=loc.cpu(), **kw)
-            tol = FP8_TOLERANCE if inputs["kv_cache"].dtype == torch.float8_e4m3fn else {}
-            problems = compare(out[None].cpu(), lse[None].cpu(), ref[0][None], ref[1][None], **tol)
+            problems = compare(out[None].cpu(), lse[None].cpu(), ref[0][None], ref[1][None], **case_tolerance(inputs))
             row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
         else:
             row["check"] = "pass"
@@ -530,10 +553,13 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
 
 
 def element_sizes(dtype: str) -> tuple[int, int]:
-    """(bytes per KV cache element, bytes per q / out element) of a --dtype: an fp8 cache has 1-byte
-    elements and bf16 q / out, the other dtypes one size for all three."""
+    """(bytes per KV cache element, bytes per q / out element) of a --dtype or a record's variant dtype:
+    an fp8 cache (exact or fast mode) has 1-byte elements and bf16 q / out, the other dtypes one size
+    for all three."""
+    if dtype.startswith("fp8_e4m3"):
+        return 1, 2
     elem = DTYPES[dtype].itemsize
-    return elem, (2 if dtype == "fp8_e4m3" else elem)
+    return elem, elem
 
 
 def traffic(num_heads: int, batch: int, tokens: int, q_len: int, elem: int, q_elem: int) -> tuple[int, int]:
@@ -799,6 +825,9 @@ def parse_args(argv=None, description: str | None = None, extra=None):
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                    help="cache dtype: bf16/fp16 (q and out alike) or fp8_e4m3 (q and out bf16, k_scale 0.5; "
                         "TB/s counts 1 byte per KV element; peers from the fp8_q1 cases of anchors-h200-modes.json)")
+    p.add_argument("--fp8-mode", choices=("exact", "fast"), default="exact",
+                   help="with --dtype fp8_e4m3: mla_decode's fp8_mode (fast: the fp8_e4m3_fast variants, fp8 "
+                        "tensor-core math; --check then uses testing.FP8_FAST_TOLERANCE)")
     p.add_argument("--mode", help="with a multi-mode anchors file: the mode to run (default fp8_q1 for fp8_e4m3, else bf16_q1)")
     p.add_argument("--q-len", type=int, help="run the selected cases' shapes at this q_len (1-8; no peer times then)")
     p.add_argument("--vs-q1", action="store_true", help="also time each case at q_len 1: q1 ratio = cold(q_len) / cold(1)")
@@ -847,6 +876,10 @@ def parse_args(argv=None, description: str | None = None, extra=None):
             p.error("--varlen does not combine with --q-len, --vs-q1, --balanced or --code-warm")
     if args.vs_q1 and args.balanced:
         p.error("--vs-q1 times mla_decode at q_len 1; it does not combine with --balanced")
+    if args.fp8_mode == "fast" and args.dtype != "fp8_e4m3":
+        p.error("--fp8-mode fast needs --dtype fp8_e4m3 (it multiplies an fp8 cache in fp8)")
+    global FP8_MODE
+    FP8_MODE = args.fp8_mode
     return args
 
 
@@ -923,7 +956,7 @@ def main(argv=None) -> int:
     sm_count = env["sm_count"]
 
     shape = f"varlen q_lens {args.varlen}" if args.varlen is not None else f"q_len {q_len}"
-    print(f"mla-variants bench: {len(cases)} cases, {args.dtype}, {shape}, {env['gpu']} ({sm_count} SMs), "
+    print(f"mla-variants bench: {len(cases)} cases, {variant_dtype(args)}, {shape}, {env['gpu']} ({sm_count} SMs), "
           f"torch {env['torch']}; {len(variants)} compiled variants", flush=True)
     print(f"anchors: {anchors_path or 'none (generated grid)'}; ceilings: read {ceilings['read_tbps']} TB/s, "
           f"matmul {ceilings['bf16_matmul_tflops']} TFLOP/s; cold reps {args.reps}, graph replays "
@@ -939,12 +972,12 @@ def main(argv=None) -> int:
     compiled = set(variants)
 
     # Host overhead, once: batch 1, 1024 tokens, at the first servable (heads, page) of the selection.
-    first = next((c for c in cases if is_supported(c["num_heads"], c["page_size"], args.dtype)), None)
+    first = next((c for c in cases if is_supported(c["num_heads"], c["page_size"], variant_dtype(args))), None)
     overhead = None
     if first is not None and args.dtype != "fp8_e4m3":  # plans (part of the overhead table) take bf16/fp16 only
         small = dict(num_heads=first["num_heads"], page_size=first["page_size"], seq_lens=[1024])
         splits = case_splits(small, args, q_len, sm_count)
-        if is_supported(small["num_heads"], small["page_size"], args.dtype, split=splits > 1):
+        if is_supported(small["num_heads"], small["page_size"], variant_dtype(args), split=splits > 1):
             inputs = build_inputs(pool, small["seq_lens"], small["num_heads"], small["page_size"], q_len, dtype, gen)
             overhead = host_overhead_us(inputs, splits)
             overhead["case"] = small
@@ -963,7 +996,9 @@ def main(argv=None) -> int:
         heads, page, batch = case["num_heads"], case["page_size"], len(case["seq_lens"])
         rec = {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged", "best_us",
                                         "best_peer", "best_graph_us", "best_graph_peer")}
-        rec.update(index=i, dtype=args.dtype, q_len=q_len, seq_total=sum(case["seq_lens"]))
+        rec.update(index=i, dtype=variant_dtype(args, heads), q_len=q_len, seq_total=sum(case["seq_lens"]))
+        if args.dtype == "fp8_e4m3":
+            rec["fp8_mode"] = args.fp8_mode  # the call's mode (dtype: the variants it ran, call_dtype)
         if case.get("ragged"):
             rec["seq_lens"] = case["seq_lens"]
         # A varlen case's launch: q_len = its batch's longest request, whose split count mla_decode_varlen's
@@ -973,8 +1008,8 @@ def main(argv=None) -> int:
         split = splits > 1
         if args.varlen is not None and not launch_q_len:
             rec["skipped"] = f"no query tokens: every request's q_len in {args.varlen[:batch]} is 0"
-        elif not is_supported(heads, page, args.dtype, split=split):
-            rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {args.dtype}, "
+        elif not is_supported(heads, page, variant_dtype(args), split=split):
+            rec["skipped"] = (f"not in this build: heads {heads}, page {page}, {variant_dtype(args)}, "
                               f"{'split' if split else 'nosplit'}")
         if rec.get("skipped"):
             print(f"[{i + 1}/{len(cases)}] skip {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['skipped']}", flush=True)
@@ -996,8 +1031,8 @@ def main(argv=None) -> int:
             print(f"[{i + 1}/{len(cases)}] error {heads}h b{batch} s{case['seq_mean']} p{page}: {rec['error']}", flush=True)
             results.append(rec)
             continue
-        row["exact_variant"] = (heads, page, args.dtype, split) in compiled or (
-            not split and (heads, page, args.dtype, True) in compiled)
+        row["exact_variant"] = (heads, page, variant_dtype(args, heads), split) in compiled or (
+            not split and (heads, page, variant_dtype(args, heads), True) in compiled)
         if args.varlen is None:
             derived(case, row, elem, q_len, ceilings, q_elem)
         rec.update(row)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .paths import project_dir, templates_dir
 from .render import cudaflags, write_if_changed
-from .variant import Variant
+from .variant import FP8_FAST, Variant
 
 LIBRARY_NAME = "libmla_variants.so"
 
@@ -62,8 +62,10 @@ def find_nvcc() -> str:
 
 
 # ptxas -v lines, e.g. "Compiling entry function '_ZN3mla17mla_decode_kernelIN7cutlass10bfloat16_tELi16ELi64ELb1EEE...'"
-_ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla17mla_decode_kernelI[^']*)'")
+# or, for an fp8_e4m3_fast variant, '_ZN3mla4fast26mla_decode_fp8_fast_kernelILi128ELi64ELb1EEE...'
+_ENTRY_RE = re.compile(r"Compiling entry function '(_ZN3mla(?:17mla_decode_kernelI|4fast26mla_decode_fp8_fast_kernelI)[^']*)'")
 _MANGLED_RE = re.compile(r"mla_decode_kernelIN7cutlass(?:10bfloat16_t|6half_t|12float_e4m3_t)ELi(\d+)ELi(\d+)ELb([01])E")
+_MANGLED_FAST_RE = re.compile(r"mla_decode_fp8_fast_kernelILi(\d+)ELi(\d+)ELb([01])E")
 _DTYPE_OF = {"10bfloat16_t": "bf16", "6half_t": "fp16", "12float_e4m3_t": "fp8_e4m3"}
 _REGS_RE = re.compile(r"Used (\d+) registers")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -72,10 +74,14 @@ _LINK_RE = re.compile(r"\[(\d+)/(\d+)\] Linking CUDA shared library .*?([A-Za-z0
 # ptxas's notes that it serializes a kernel's wgmma instructions (each then waits for the previous one),
 # e.g. "(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to ... in the
 # function '_ZN3mla17mla_decode_kernelI...'"; C7515: "... due to non wgmma instructions defining ...".
-_SERIALIZED_RE = re.compile(r"\((C751[15])\) Potential Performance Loss: wgmma.*'(_ZN3mla17mla_decode_kernelI[^']*)'")
+_SERIALIZED_RE = re.compile(r"\((C751[15])\) Potential Performance Loss: wgmma.*"
+                            r"'(_ZN3mla(?:17mla_decode_kernelI|4fast26mla_decode_fp8_fast_kernelI)[^']*)'")
 
 
 def _variant_of_mangled(symbol: str) -> Variant | None:
+    m = _MANGLED_FAST_RE.search(symbol)
+    if m is not None:
+        return Variant(int(m.group(1)), int(m.group(2)), FP8_FAST, m.group(3) == "1")
     m = _MANGLED_RE.search(symbol)
     if m is None:
         return None

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import itertools
 import json
 import os
 import sys
 from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
-from .config import ConfigError, load_config
+from .config import AXES, ConfigError, load_config
 from .manifest import ManifestError, load_manifest
 from .paths import default_build_dir, default_config, default_generated_dir
 from .render import render, write_manifest
-from .variant import Variant
+from .variant import Variant, call_dtype
 
 
 def _count(n: int, noun: str) -> str:
@@ -60,6 +61,19 @@ def _selected(args) -> list[Variant]:
         if not chosen:
             raise ConfigError(config.path, config.excluded_by(v)[0].line, message)
         echo_flush(f"note: {message}")
+    # --filter patterns that match only variants no call dispatches to (call_dtype), so none is ever built
+    never = [Variant(h, p, d, s) for h, p, d, s in itertools.product(*(selection.axes[a] for a in AXES))
+             if call_dtype(d, h) != d]
+    for pat in args.filter or ():
+        hit = select(never, [pat]) if not select(chosen, [pat]) and pat not in left_out else []
+        if hit:
+            v = hit[0]
+            served = Variant(v.num_heads, v.page_size, call_dtype(v.dtype, v.num_heads), v.split)
+            message = (f"--filter {pat}: {v.name} is never built: a call of dtype {v.dtype} at {v.num_heads} heads "
+                       f"runs {served.name} (codegen.variant.call_dtype)")
+            if not chosen:
+                raise ConfigError(config.path, None, f"{message}; filter on that one instead")
+            echo_flush(f"note: {message}")
     if not chosen:
         raise ConfigError(config.path, None, f"--filter {args.filter} matches none of the {len(base)} variants "
                                              f"(names look like {base[0].name})")

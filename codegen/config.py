@@ -14,7 +14,9 @@ axes is an impossible combination. An exclude rule drops every variant whose val
 rule names is among the rule's values (the axes it does not name match anything), from the full build
 and from every preset, as CUTLASS's generator leaves out the kernels its filters reject. A rule may
 also name `path`: the kernel path a variant runs (PathFacts: "transposed" for at most 32 heads,
-"rows64" above), so that a rule about a path keeps holding for head counts added later.
+"rows64" above), so that a rule about a path keeps holding for head counts added later. A variant no
+call dispatches to is never in a selection (codegen.variant.call_dtype: fp8_e4m3_fast at most 32 heads,
+which the fp8_e4m3 variants serve).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from .variant import DTYPES, Variant
+from .variant import DTYPES, FP8_FAST, ST_MAX_HEADS, Variant, call_dtype
 
 AXES = ("num_heads", "page_size", "dtype", "split")
 PATHS = ("transposed", "rows64")  # exclude rules' `path` values (Variant.path)
@@ -60,7 +62,7 @@ class Preset:
         return _product(self.axes, self.exclude)
 
     def cross_product(self) -> list[Variant]:
-        """The preset's selection of the axes, exclude rules not applied."""
+        """The preset's selection of the axes (less the variants no call runs), exclude rules not applied."""
         return _product(self.axes)
 
 
@@ -80,7 +82,7 @@ class Config:
         return _product(self.axes, self.exclude)
 
     def cross_product(self) -> list[Variant]:
-        """The cross product of the axes, exclude rules not applied."""
+        """The cross product of the axes (less the variants no call runs), exclude rules not applied."""
         return _product(self.axes)
 
     def excluded_by(self, v: Variant) -> list["ExcludeRule"]:
@@ -99,8 +101,14 @@ class ExcludeRule:
         return all(fields[axis] in vals for axis, vals in self.values.items())
 
 
+def _raw_product(axes: dict[str, tuple]) -> list[Variant]:
+    """Every combination of the axes, including variants no call dispatches to."""
+    return [Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))]
+
+
 def _product(axes: dict[str, tuple], exclude: tuple = ()) -> list[Variant]:
-    out = {Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))}
+    # A variant no call dispatches to is not a variant (call_dtype: fp8_e4m3_fast at most 32 heads).
+    out = {v for v in _raw_product(axes) if call_dtype(v.dtype, v.num_heads) == v.dtype}
     return sorted((v for v in out if not any(r.drops(v) for r in exclude)), key=lambda v: v.name)
 
 
@@ -236,6 +244,10 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
     for key, (k, v) in r.mapping(top["axes"][1], "axes", AXES, AXES, top["axes"][0]).items():
         axes[key] = r.axis_values(key, v, f"axes.{key}")
         axis_lines[key] = _line(k)
+    if not _product(axes):
+        r.fail(top["axes"][1], f"axes: every combination is an {FP8_FAST} variant of at most {ST_MAX_HEADS} heads, which no "
+                               f"call runs (codegen.variant.call_dtype: such calls run fp8_e4m3); add a head count above "
+                               f"{ST_MAX_HEADS} or another dtype")
 
     exclude: list[ExcludeRule] = []
     if "exclude" in top:
@@ -257,7 +269,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                         r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
                                      f"(line {axis_lines[axis]}), so the rule can never apply; remove it here")
             exclude.append(ExcludeRule(vals, _line(rule)))
-            if not any(exclude[-1].drops(v) for v in _product(axes)):
+            if not any(exclude[-1].drops(v) for v in _raw_product(axes)):
                 r.fail(rule, f"exclude[{i}]: matches no variant of the axes (e.g. a path no head count in "
                              f"axes.num_heads runs), so the rule can never apply; remove it")
         if not _product(axes, tuple(exclude)):
@@ -288,5 +300,6 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
             presets[name] = Preset(name, r.scalar(fields["description"][1], f"presets.{name}.description", str), sel,
                                    _line(k), tuple(exclude))
             if not presets[name].variants():
-                r.fail(k, f"presets.{name}: every variant it selects is dropped by an exclude rule")
+                r.fail(k, f"presets.{name}: every variant it selects is dropped by an exclude rule (or is an "
+                          f"fp8_e4m3_fast variant of at most {ST_MAX_HEADS} heads, which no call runs: codegen.variant.call_dtype)")
     return Config(path, text, arch, dims, axes, axis_lines, presets, tuple(exclude))

@@ -15,14 +15,18 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-#: dtype token in variants.yaml -> (C++ kv_cache element type, torch dtype name of the kv_cache).
-#: bf16 and fp16 variants take q and write out in the cache's dtype; fp8_e4m3 variants read a
-#: float8_e4m3fn cache with a per-tensor k_scale and take q / write out in bf16.
+#: dtype token in variants.yaml -> (C++ cache type of templates/mla/config.cuh CacheTypes, torch dtype name
+#: of the kv_cache). bf16 and fp16 variants take q and write out in the cache's dtype; fp8_e4m3 variants
+#: read a float8_e4m3fn cache with a per-tensor k_scale and take q / write out in bf16, multiplying in
+#: fp16 on exactly widened values; fp8_e4m3_fast variants read the same cache with fp8 tensor-core math
+#: (q and P rounded to e4m3; templates/mla/fp8_fast.cuh), chosen per call with fp8_mode="fast".
 DTYPES: dict[str, tuple[str, str]] = {
     "bf16": ("cutlass::bfloat16_t", "bfloat16"),
     "fp16": ("cutlass::half_t", "float16"),
     "fp8_e4m3": ("cutlass::float_e4m3_t", "float8_e4m3fn"),
+    "fp8_e4m3_fast": ("mla::Fp8FastCache", "float8_e4m3fn"),
 }
+FP8_FAST = "fp8_e4m3_fast"  # the fast-mode dtype token (fp8_mode="fast")
 
 # The C++ policy values the facts depend on (templates/mla/config.cuh; the build checks they agree).
 TILE_KEYS = 64                # kBlockN: keys per tile; splits hold whole tiles
@@ -33,12 +37,22 @@ ST32_MIN_KEYS = 1024          # kSt32MinKeys: 17..32-head 16-bit launches with s
 FP8_SHORT_SPLIT_KEYS = 128    # kFp8ShortSplitKeys: fp8 64-row split launches with splits this short run 32-token tiles
 
 
+def call_dtype(dtype: str, num_heads: int) -> str:
+    """The dtype token of the variants that serve a call of `dtype` with num_heads heads: `dtype` itself,
+    except that fp8_e4m3_fast (fp8_mode="fast") at most ST_MAX_HEADS heads runs the fp8_e4m3 variants:
+    the transposed path has no fast kernel, and its exact one is faster there (docs/design.md 3.3).
+    So no fp8_e4m3_fast variant of at most ST_MAX_HEADS heads is built (codegen.config) or dispatched to
+    (mla_variants.dispatch, mla_variants.ensure_variant)."""
+    return "fp8_e4m3" if dtype == FP8_FAST and num_heads <= ST_MAX_HEADS else dtype
+
+
 @dataclass(frozen=True)
 class PathFacts:
     """Which kernels a variant runs; the same fields, in order, as templates/mla/config.cuh PathFacts.
 
     rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel: 8 / 16 / 32 on the
-        transposed path (at most 32 heads), 64 on the 64-row path.
+        transposed path (at most 32 heads), 64 on the 64-row path and for fp8_e4m3_fast variants at every
+        head count (their one kernel, templates/mla/fp8_fast.cuh, masks the rows of missing heads).
     second_kernel: None, "short_split" (fp8 split variants of the 64-row path: 32-token tiles) or "rows64"
         (transposed bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
         split of a launch holds at most second_max_split_keys keys (0: never for that reason; 17..32-head
@@ -67,6 +81,9 @@ class PathFacts:
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
+        if dtype == FP8_FAST:  # one kernel at every head count: 64 rows, cp.async, no second kernel
+            return cls(rows_per_cta=ROWS_64, second_kernel=None, second_max_split_keys=0, tma=False,
+                       second_tma=False, balanced_schedule=False)
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS
         rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64
@@ -130,8 +147,8 @@ class Variant:
 
     num_heads: query heads the kernel is compiled for; calls with fewer heads mask the extra rows.
     page_size: KV-cache tokens per page (compile-time divisor of the block_table lookup).
-    dtype: "bf16" or "fp16" (q, kv_cache and out share it), or "fp8_e4m3" (float8_e4m3fn kv_cache with a
-        per-tensor k_scale; q and out bf16).
+    dtype: "bf16" or "fp16" (q, kv_cache and out share it), or "fp8_e4m3" / "fp8_e4m3_fast" (float8_e4m3fn
+        kv_cache with a per-tensor k_scale; q and out bf16; exact fp16 math or fp8 tensor-core math).
     split: True when the kernel writes split-KV partials to a workspace and a combine kernel merges
         them; False when it writes out/lse directly (num_kv_splits must be 1).
     """
@@ -171,7 +188,8 @@ class Variant:
 
     @property
     def path(self) -> str:
-        """The kernel path of the variant's own kernel: "transposed" (at most 32 heads) or "rows64"."""
+        """The kernel path of the variant's own kernel: "transposed" (at most 32 heads) or "rows64" (more
+        heads, and every fp8_e4m3_fast variant, whose one kernel has 64 rows at any head count)."""
         return "rows64" if self.facts.rows_per_cta == ROWS_64 else "transposed"
 
     @property

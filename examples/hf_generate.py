@@ -6,6 +6,7 @@ Usage (from the repository root; needs `pip install -e ".[hf]"`; no download, ra
     python examples/hf_generate.py                                   # CPU: V2-like and V3-like, bf16 cache
     python examples/hf_generate.py --kv-dtype fp8_e4m3 --page-size 1 --q-len 2
     python examples/hf_generate.py --device cuda --num-heads 128 --page-size 64 --context 4096
+    python examples/hf_generate.py --device cuda --num-heads 128 --page-size 64 --kv-dtype fp8_e4m3 --fp8-mode fast
 
 The models are small (2 layers, hidden 256, vocab 512) but keep the real MLA cache row (kv_lora_rank 512,
 qk_rope_head_dim 64) and DeepSeek's structure: the V2-like one is V2-Lite's (no q LoRA, softmax-greedy MoE
@@ -136,7 +137,7 @@ def hf_generate(model, ids, mask, new_tokens: int):
 @dataclass
 class Report:
     arch: str
-    kv_dtype: str
+    kv_dtype: str      # "fp8_e4m3/fast" for the fast fp8 mode
     page_size: int
     q_len: int
     num_heads: int
@@ -226,13 +227,14 @@ def hf_routing(model, ids, mask, tokens, recorder) -> torch.Tensor:
 
 def run_check(arch: str = "v2", *, device: str = "cpu", page_size: int = 16, kv_dtype: str = "bf16",
               q_len: int = 1, num_heads: int = 16, new_tokens: int = 8, seed: int = 0, model=None,
-              baseline=None) -> Report:
+              baseline=None, fp8_mode: str = "exact") -> Report:
     """Checks 1-4 of the module docstring for one configuration; returns a Report (report.ok).
-    `model` and `baseline` (hf_generate's result for make_prompts) may be passed in to reuse them."""
+    `model` and `baseline` (hf_generate's result for make_prompts) may be passed in to reuse them.
+    fp8_mode ("exact" or "fast") is enable_mla_decode's, for fp8 caches; both are held to the fp8 bound."""
     from mla_variants.integrations.transformers import enable_mla_decode
     start = time.perf_counter()
     bound = LOGIT_BOUNDS[kv_dtype]
-    rep = Report(arch, kv_dtype, page_size, q_len, num_heads, bound)
+    rep = Report(arch, kv_dtype + ("/fast" if fp8_mode == "fast" else ""), page_size, q_len, num_heads, bound)
     model = model if model is not None else build_model(arch, num_heads, seed, device)
     ids, mask = make_prompts(seed=seed, device=device)
     tokens, ref_logits = baseline if baseline is not None else hf_generate(model, ids, mask, new_tokens)
@@ -241,7 +243,7 @@ def run_check(arch: str = "v2", *, device: str = "cpu", page_size: int = 16, kv_
     try:
         ref_routes = hf_routing(model, ids, mask, tokens, recorder)
         with enable_mla_decode(model, max_batch=batch, max_seq_len=ids.shape[1] + new_tokens + q_len,
-                               page_size=page_size, kv_dtype=kv_dtype) as handle:
+                               page_size=page_size, kv_dtype=kv_dtype, fp8_mode=fp8_mode) as handle:
             # 2. teacher forcing, q_len tokens per decode step
             logits, routes = teacher_forced(handle, ids, mask, tokens, q_len, recorder)
             flipped = (routes != ref_routes).any(dim=-1).to(logits.device)           # [batch, steps]
@@ -287,7 +289,7 @@ def run_check(arch: str = "v2", *, device: str = "cpu", page_size: int = 16, kv_
 
 
 def time_decode(arch: str, num_heads: int, page_size: int, kv_dtype: str, context: int, batch: int,
-                steps: int = 20, seed: int = 0, device: str = "cuda") -> str:
+                steps: int = 20, seed: int = 0, device: str = "cuda", fp8_mode: str = "exact") -> str:
     """Median decode-step time (ms) at `context` tokens of context: transformers' eager attention over its
     DynamicCache against the integration, same model (bf16 on CUDA, where the integration runs the kernels;
     fp32 on the CPU, where it runs the fp32 reference, so only CUDA times mean anything)."""
@@ -320,13 +322,13 @@ def time_decode(arch: str, num_heads: int, page_size: int, kv_dtype: str, contex
         if device == "cuda":
             torch.cuda.empty_cache()
         with enable_mla_decode(model, max_batch=batch, max_seq_len=context + steps + 8, page_size=page_size,
-                               kv_dtype=kv_dtype) as handle:
+                               kv_dtype=kv_dtype, fp8_mode=fp8_mode) as handle:
             handle.prefill(ids)
             ours_ms = timed(handle.decode)
             backend = handle.backend
     return (f"decode step, {arch} heads={num_heads} batch={batch} context={context} ({dtype} model, 2 layers, "
             f"median of {steps}): transformers eager {hf_ms:.3f} ms, integration ({backend}, page {page_size}, "
-            f"{kv_dtype} cache) {ours_ms:.3f} ms")
+            f"{kv_dtype}{'/fast' if fp8_mode == 'fast' else ''} cache) {ours_ms:.3f} ms")
 
 
 def main(argv=None) -> int:
@@ -335,6 +337,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-dtype", choices=sorted(LOGIT_BOUNDS), default="bf16")
+    p.add_argument("--fp8-mode", choices=["exact", "fast"], default="exact",
+                   help="fp8 caches: exact (fp16 math) or fast (fp8 tensor cores above 32 heads; exact at 32 or fewer)")
     p.add_argument("--q-len", type=int, default=1, help="tokens per decode step (1..8 on CUDA)")
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=8)
@@ -356,19 +360,21 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: torch sees no CUDA GPU", file=sys.stderr)
         return 1
+    if args.fp8_mode == "fast" and args.kv_dtype != "fp8_e4m3":
+        p.error(f"--fp8-mode fast: expected --kv-dtype fp8_e4m3, got {args.kv_dtype}")
     if args.kv_dtype == "fp32" and args.device == "cuda":
         print("--kv-dtype fp32 runs on the reference backend only (use --device cpu)", file=sys.stderr)
         return 1
     ok = True
     for arch in (["v2", "v3"] if args.arch == "both" else [args.arch]):
         rep = run_check(arch, device=args.device, page_size=args.page_size, kv_dtype=args.kv_dtype, q_len=args.q_len,
-                        num_heads=args.num_heads, new_tokens=args.new_tokens, seed=args.seed)
+                        num_heads=args.num_heads, new_tokens=args.new_tokens, seed=args.seed, fp8_mode=args.fp8_mode)
         print(rep.line(), flush=True)
         ok &= rep.ok
     if args.context:
         for arch in (["v2", "v3"] if args.arch == "both" else [args.arch]):
             print(time_decode(arch, args.num_heads, args.page_size, args.kv_dtype, args.context, args.context_batch,
-                              device=args.device), flush=True)
+                              device=args.device, fp8_mode=args.fp8_mode), flush=True)
     return 0 if ok else 1
 
 

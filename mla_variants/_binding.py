@@ -181,7 +181,11 @@ class Library:
 
     def plan(self, num_heads: int, page_size: int, dtype: str, split: bool):
         """dispatch.plan_launches on this library's table, each launch with its variant's facts; memoized
-        (the table is fixed once loaded)."""
+        (the table is fixed once loaded). dtype is mapped as dispatch maps it (codegen.variant.call_dtype)
+        before anything is looked up or compiled on first use."""
+        if isinstance(num_heads, int) and not isinstance(num_heads, bool):
+            from codegen.variant import call_dtype
+            dtype = call_dtype(dtype, num_heads)
         key = (num_heads, page_size, dtype, split)
         got = self._plans.get(key)
         if got is None:

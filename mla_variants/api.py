@@ -20,8 +20,8 @@ from . import _binding, launching
 from .dispatch import is_supported as table_supports
 from .launching import sm_count
 from .splits import choose
-from .validation import (DTYPE_TOKEN, KV_LORA_RANK, Call, check_disjoint, check_workspace, check_workspace_tensor,
-                         debug_check, fail, shown, validate)
+from .validation import (DTYPE_TOKEN, DTYPE_TOKENS, KV_LORA_RANK, Call, apply_fp8_mode, check_disjoint, check_workspace,
+                         check_workspace_tensor, debug_check, fail, shown, validate)
 
 
 def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -> int:
@@ -42,7 +42,7 @@ def workspace_size(batch: int, num_heads: int, q_len: int, num_kv_splits: int) -
 def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
                *, num_kv_splits: int | None = None, max_seq_len: int | None = None, out: torch.Tensor | None = None,
                lse: torch.Tensor | None = None, workspace: torch.Tensor | None = None, debug: bool = False,
-               k_scale=None, tma: str = "auto"):
+               k_scale=None, tma: str = "auto", fp8_mode: str = "exact"):
     """One MLA decode step over a paged latent KV cache.
 
     Args:
@@ -76,6 +76,12 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         run in fp16 (every e4m3 value is exact in fp16; q is rounded to fp16 after a 2^-8 scaling, so
         with an fp8 cache q must stay below 2^24 in magnitude: larger values overflow to inf and give
         NaN/inf rows; q's values are not checked).
+      fp8_mode: float8_e4m3fn caches only: "exact" (default; the fp8_e4m3 variants, fp16 tensor-core
+        math on exactly widened cache values, as described under k_scale) or "fast" (the fp8_e4m3_fast
+        variants, fp8 tensor-core math: each query row is rounded to e4m3 with its own power-of-2 scale
+        and P to e4m3 times 2^8, accumulation in fp32; docs/design.md 3.3 has the error model and
+        README the tolerance); at 32 heads or fewer "fast" runs the fp8_e4m3 variants, with exact mode's
+        results (codegen.variant.call_dtype). "fast" with a 16-bit cache is an MLAInputError naming fp8_mode.
       out, lse, workspace: when given, must not share memory with q, kv_cache, block_table, seq_lens,
         k_scale or each other (MLAInputError otherwise).
       tma: how kernels that load whole 64-token pages by TMA (the 64-row kernels at page sizes that are
@@ -100,6 +106,7 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         fail("debug", "a bool", shown(debug))
     tma_code = launching.tma_mode(tma)
     c = validate(q, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale)
+    apply_fp8_mode(c, fp8_mode)
     if workspace is not None:
         check_workspace_tensor(workspace, c.device)
     if out is not None or lse is not None or workspace is not None:
@@ -144,17 +151,19 @@ def list_variants() -> list[tuple[int, int, str, bool]]:
 
 def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> bool:
     """Whether a call with these parameters can be served by the variants loaded now, without compiling
-    (dtype: torch dtype or 'bf16'/'fp16'/'fp8_e4m3', where torch.float8_e4m3fn means the fp8 cache
-    variants; masked head counts and head groups count as served). With the JIT on (the default), a
-    call that this says False for compiles its variant on first use instead of failing. Raises MLAInputError for num_heads or page_size that is not
-    an int from 1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none
-    of these; LibraryNotBuiltError when nothing was built."""
+    (dtype: torch dtype or 'bf16'/'fp16'/'fp8_e4m3'/'fp8_e4m3_fast', where torch.float8_e4m3fn means the
+    exact fp8 cache variants and 'fp8_e4m3_fast' the fast ones; masked head counts and head groups count
+    as served). With the JIT on (the default), a call that this says False for compiles its variant on
+    first use instead of failing. Raises MLAInputError for num_heads or page_size that is not an int from
+    1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none of these;
+    LibraryNotBuiltError when nothing was built."""
     for name, v in (("num_heads", num_heads), ("page_size", page_size)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20:
             fail(name, "an int from 1 to 2**20", shown(v))
     if not isinstance(split, bool):
         fail("split", "a bool", shown(split))
     key = DTYPE_TOKEN.get(dtype, dtype) if isinstance(dtype, (torch.dtype, str)) else None
-    if key not in DTYPE_TOKEN.values():
-        fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", shown(dtype))
+    if key not in DTYPE_TOKENS:
+        fail("dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'/'fp8_e4m3_fast'",
+             shown(dtype))
     return table_supports(_binding.library().table, num_heads, page_size, key, split)

@@ -1,7 +1,8 @@
 """Variant choice: which compiled launcher serves a call, as a pure function of the dispatch table
 (the build's manifest: (num_heads, page_size, dtype, split) -> launcher symbol, and each variant's facts).
 
-Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly. num_heads is
+Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly (dtype as
+codegen.variant.call_dtype maps it: fp8_e4m3_fast calls of at most 32 heads run fp8_e4m3). num_heads is
 served by the exact compiled head count if there is one, else by the smallest compiled count above
 it with the extra rows masked; more heads than the largest compiled count are cut into head groups
 of that size, each launched separately. Split-KV calls (num_kv_splits > 1) need a split variant.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 # Which kernels a variant runs: codegen computes the facts once and writes them into the manifest; the
 # runtime reads them back into the same record (PathFacts.from_json) and never derives them.
-from codegen.variant import PathFacts
+from codegen.variant import PathFacts, call_dtype
 
 Key = tuple[int, int, str, bool]  # (num_heads, page_size, dtype, split)
 
@@ -75,6 +76,7 @@ def plan_launches(table: dict[Key, str], num_heads: int, page_size: int, dtype: 
     """The launches that serve a call with `num_heads` heads; raises VariantNotCompiledError."""
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
+    dtype = call_dtype(dtype, num_heads)  # fp8_e4m3_fast at most 32 heads runs the fp8_e4m3 variants
     # The head count decides first (it picks the tile), the split kind second: an unsplit call takes the
     # nosplit variant of the chosen head count if there is one, else that count's split variant (run with
     # one split), never a nosplit variant of a larger head count over its own count's split variant.

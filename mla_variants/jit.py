@@ -64,8 +64,9 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     else the variant's build in the per-user cache (compiled now if it is not there: 15-20 s on 16
     cores, 25-30 s on 2, one line of progress on stderr; later calls and processes return at once).
 
-    num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16' or 'fp8_e4m3' (the
-    kv_cache dtype token of variants.yaml) or torch.bfloat16 / float16 / float8_e4m3fn; split: whether the variant splits keys over CTAs (a split
+    num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16', 'fp8_e4m3' or 'fp8_e4m3_fast' (the
+    kv_cache dtype token of variants.yaml; 'fp8_e4m3_fast' at most 32 heads means the 'fp8_e4m3' variant, which such
+    calls run) or torch.bfloat16 / float16 / float8_e4m3fn; split: whether the variant splits keys over CTAs (a split
     variant also serves unsplit calls; a call loads a cached nosplit variant too). Needs nvcc (CUDA
     12.8+) and the nvidia-cutlass headers, not a GPU. The cache folder is $MLA_VARIANTS_CACHE, else $XDG_CACHE_HOME/mla-variants, else
     ~/.cache/mla-variants. Works whatever MLA_VARIANTS_JIT says.
@@ -88,7 +89,8 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     if not isinstance(split, bool):
         raise MLAInputError(f"split: expected a bool, got {split!r}")
     from . import _binding
-    key = (num_heads, page_size, dtype, split)
+    from codegen.variant import call_dtype
+    key = (num_heads, page_size, call_dtype(dtype, num_heads), split)  # the variant such a call runs
     aot = _binding.generated_dir()
     try:
         manifest = _binding.read_manifest(aot)

@@ -1,17 +1,20 @@
 """mla_decode as PyTorch custom ops, for torch.compile (fullgraph) and torch.library.opcheck.
 
     torch.ops.mla_variants.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits,
-                                      k_scale=None) -> (out, lse)      # functional: allocates out and lse
+                                      k_scale=None, fp8_mode="exact") -> (out, lse)   # allocates out and lse
     torch.ops.mla_variants.mla_decode_out(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale,
-                                          num_kv_splits, out, lse, k_scale=None) -> None   # writes out / lse
+                                          num_kv_splits, out, lse, k_scale=None, fp8_mode="exact") -> None
     torch.ops.mla_variants.mla_decode_varlen(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
-                                             max_q_len, softmax_scale, num_kv_splits, k_scale=None) -> (out, lse)
+                                             max_q_len, softmax_scale, num_kv_splits, k_scale=None,
+                                             fp8_mode="exact") -> (out, lse)
                 # q [total_q_tokens, num_heads, ...], out [total_q_tokens, num_heads, 512], lse [num_heads, total]
 
 num_kv_splits = 0 means the default heuristic. k_scale is the float8_e4m3fn cache's dequantization scale as
 a 1-element fp32 device tensor (cache value x k_scale = real value; required for an fp8 cache, None for
 bf16/fp16); ops take it as a tensor only, which the kernel reads when it runs, so a compiled or captured
-graph follows its value. q_nope / q_pe may be views of one packed q
+graph follows its value. fp8_mode ("exact" or "fast") picks the fp8 cache's math as in mla_decode; the
+schema types it as a str, so torch refuses a non-string (RuntimeError naming it) before the op runs.
+q_nope / q_pe may be views of one packed q
 (``q[..., :512]``, ``q[..., 512:]``). Each op has a fake (meta) implementation, so compiled graphs see
 the output shapes without running the kernel. The eager fast path is :func:`mla_variants.mla_decode`
 (or :class:`mla_variants.MLADecodePlan`); the ops add the dispatcher's overhead.
@@ -25,7 +28,7 @@ import torch
 from .api import mla_decode as _mla_decode
 from .varlen import mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
-from .validation import KV_LORA_RANK, MAX_Q_LEN, fail, shown
+from .validation import KV_LORA_RANK, MAX_Q_LEN, fail, fp8_token, shown
 
 
 def _tensor_scale(k_scale) -> None:
@@ -34,8 +37,9 @@ def _tensor_scale(k_scale) -> None:
         fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", shown(k_scale))
 
 
-def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:
-    """What tracing can check without data: q's shapes and dtypes, and k_scale given exactly for fp8 caches."""
+def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact") -> None:
+    """What tracing can check without data: q's shapes and dtypes, k_scale given exactly for fp8 caches,
+    and fp8_mode."""
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
         fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
@@ -47,27 +51,29 @@ def _fake_check(q_nope, q_pe, kv_cache, k_scale) -> None:
               f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
     if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype is not torch.float32):
         fail("k_scale", "a 1-element float32 tensor", f"a {k_scale.dtype} tensor of shape {tuple(k_scale.shape)}")
+    fp8_token(fp8_mode, kv_cache.dtype)
 
 
 @torch.library.custom_op("mla_variants::mla_decode", mutates_args=(), device_types="cuda")
 def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int,
-                  k_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  k_scale: Optional[torch.Tensor] = None, fp8_mode: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
     """mla_variants.mla_decode as an op: q_nope [batch, q_len, num_heads, 512] and q_pe [.., 64] (bf16/fp16,
     CUDA), kv_cache [num_pages, page_size, 576], block_table [batch, max_pages] int32, seq_lens [batch]
     int32; num_kv_splits 0 = heuristic; k_scale None, or for a float8_e4m3fn cache (bf16 q) its scale as a
-    1-element fp32 tensor on the cache's device. Returns out [batch, q_len, num_heads, 512] (q's dtype) and lse
+    1-element fp32 tensor on the cache's device; fp8_mode "exact" or "fast" (fp8 caches; as mla_decode).
+    Returns out [batch, q_len, num_heads, 512] (q's dtype) and lse
     [batch, num_heads, q_len] fp32 (natural log). Raises what mla_decode raises; CPU tensors have no
     kernel (NotImplementedError from the dispatcher); a k_scale that is not a tensor is refused by the
     op's schema (RuntimeError from torch, naming k_scale) before this function runs."""
     _tensor_scale(k_scale)
     return _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
-                       num_kv_splits=num_kv_splits or None, k_scale=k_scale)
+                       num_kv_splits=num_kv_splits or None, k_scale=k_scale, fp8_mode=fp8_mode)
 
 
 @mla_decode_op.register_fake
-def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, k_scale=None):
-    _fake_check(q_nope, q_pe, kv_cache, k_scale)
+def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, k_scale=None, fp8_mode="exact"):
+    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode)
     batch, q_len, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((batch, q_len, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((batch, num_heads, q_len), dtype=torch.float32))
@@ -76,36 +82,38 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_split
 @torch.library.custom_op("mla_variants::mla_decode_out", mutates_args=("out", "lse"), device_types="cuda")
 def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                       seq_lens: torch.Tensor, softmax_scale: float, num_kv_splits: int, out: torch.Tensor,
-                      lse: torch.Tensor, k_scale: Optional[torch.Tensor] = None) -> None:
+                      lse: torch.Tensor, k_scale: Optional[torch.Tensor] = None, fp8_mode: str = "exact") -> None:
     """The in-place form of mla_decode_op: writes the preallocated out [batch, q_len, num_heads, 512]
     and lse [batch, num_heads, q_len] fp32 and returns nothing."""
     _tensor_scale(k_scale)
     _mla_decode((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
-                num_kv_splits=num_kv_splits or None, out=out, lse=lse, k_scale=k_scale)
+                num_kv_splits=num_kv_splits or None, out=out, lse=lse, k_scale=k_scale, fp8_mode=fp8_mode)
 
 
 @mla_decode_out_op.register_fake
-def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None):
-    _fake_check(q_nope, q_pe, kv_cache, k_scale)
+def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None,
+      fp8_mode="exact"):
+    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode)
     return None
 
 
 @torch.library.custom_op("mla_variants::mla_decode_varlen", mutates_args=(), device_types="cuda")
 def mla_decode_varlen_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                          seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_q_len: int, softmax_scale: float,
-                         num_kv_splits: int, k_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         num_kv_splits: int, k_scale: Optional[torch.Tensor] = None,
+                         fp8_mode: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
     """mla_variants.mla_decode_varlen as an op: q_nope [total_q_tokens, num_heads, 512] and q_pe [.., 64],
     query_start_loc [batch + 1] int32, max_q_len 1..8, the rest as mla_decode_op. Returns out
     [total_q_tokens, num_heads, 512] (q's dtype) and lse [num_heads, total_q_tokens] fp32."""
     _tensor_scale(k_scale)
     return _mla_decode_varlen((q_nope, q_pe), kv_cache, block_table, seq_lens, softmax_scale,
                               query_start_loc=query_start_loc, max_q_len=max_q_len,
-                              num_kv_splits=num_kv_splits or None, k_scale=k_scale)
+                              num_kv_splits=num_kv_splits or None, k_scale=k_scale, fp8_mode=fp8_mode)
 
 
 @mla_decode_varlen_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len, softmax_scale, num_kv_splits,
-      k_scale=None):
+      k_scale=None, fp8_mode="exact"):
     if q_nope.dim() != 3 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 3 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:2] != q_nope.shape[:2]:
         fail("q_nope/q_pe", "shapes [total_q_tokens, num_heads, 512] and [total_q_tokens, num_heads, 64]",
@@ -115,6 +123,7 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len,
         fail("query_start_loc", "a 1-d int32 tensor [batch + 1]", f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN}", max_q_len)
+    fp8_token(fp8_mode, kv_cache.dtype)  # last, as the eager call checks it
     total, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((total, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((num_heads, total), dtype=torch.float32))

@@ -20,7 +20,7 @@ from .fp8 import FP8_DTYPE
 from .launching import current_stream, launch, pack, sm_count
 from .splits import num_kv_splits_for
 from .validation import MAX_KV_SPLITS, MAX_Q_LEN, Q_DTYPES, Call, check_disjoint, check_tensor, check_workspace, fail, \
-    shown, validate
+    fp8_token, shown, validate
 
 # The balanced schedule's fixed cost of a request, in 64-key tiles (its Q load and epilogue); the
 # schedule kernel cuts the batch's tiles + this overhead per request into equal runs.
@@ -38,6 +38,8 @@ class MLADecodePlan:
         torch.float16.
       kv_dtype: the cache's dtype: None (the default) for a cache in `dtype`, or torch.float8_e4m3fn for
         an fp8 cache (with dtype torch.bfloat16; `run` then takes k_scale, as :func:`mla_variants.mla_decode`).
+      fp8_mode: for an fp8 cache, "exact" (default) or "fast" (fp8 tensor-core math), as in
+        :func:`mla_variants.mla_decode`; every step of the plan runs that mode.
       max_seq_len: the longest sequence the engine serves (for the split heuristic and the kernel choice;
         only speed depends on it).
       num_kv_splits: force the split count (1..256); default :func:`mla_variants.default_num_kv_splits` for max_batch.
@@ -63,7 +65,7 @@ class MLADecodePlan:
     def __init__(self, max_batch: int, num_heads: int, page_size: int, *, q_len: int = 1,
                  dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None, max_seq_len: int = 131072,
                  num_kv_splits: int | None = None, device: torch.device | str | int | None = None,
-                 workspace: torch.Tensor | None = None, balanced: bool = False):
+                 workspace: torch.Tensor | None = None, balanced: bool = False, fp8_mode: str = "exact"):
         for name, v, lo, hi in (("max_batch", max_batch, 1, 2**31 - 1), ("num_heads", num_heads, 1, 2**20),
                                 ("page_size", page_size, 1, 2**20), ("q_len", q_len, 1, MAX_Q_LEN),
                                 ("max_seq_len", max_seq_len, 1, 2**31 - 1)):
@@ -90,6 +92,8 @@ class MLADecodePlan:
         self.kv_dtype = kv_dtype or dtype
         shape = Call.of_shape(max_batch, num_heads, q_len, page_size, dtype, self.device.index, -(-max_seq_len // page_size),
                                self.kv_dtype)
+        shape.key_dtype = fp8_token(fp8_mode, self.kv_dtype)
+        self.fp8_mode = fp8_mode
         self.launches, self.num_kv_splits = choose_launches(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
         # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
@@ -299,7 +303,8 @@ class MLADecodePlan:
 
     def __repr__(self) -> str:
         return (f"MLADecodePlan(max_batch={self.max_batch}, num_heads={self.num_heads}, page_size={self.page_size}, "
-                f"q_len={self.q_len}, dtype={self.dtype}, kv_dtype={self.kv_dtype}, num_kv_splits={self.num_kv_splits}, "
+                f"q_len={self.q_len}, dtype={self.dtype}, kv_dtype={self.kv_dtype}, fp8_mode={self.fp8_mode!r}, "
+                f"num_kv_splits={self.num_kv_splits}, "
                 f"launches={[l.symbol for l in self.launches]}, workspace_bytes={self.workspace_bytes})")
 
 

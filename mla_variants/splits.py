@@ -7,7 +7,7 @@ import torch
 
 from . import _binding
 from .dispatch import PathFacts, VariantNotCompiledError
-from .validation import DTYPE_TOKEN, MAX_Q_LEN, fail, shown
+from .validation import DTYPE_TOKEN, DTYPE_TOKENS, MAX_Q_LEN, fail, shown
 
 HEURISTIC_MAX_SPLITS = 64  # never more: beyond it the combine costs more than the finer split saves
 
@@ -70,7 +70,7 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     batch >= 0 requests; num_heads and q_len of the call; max_seq_len in tokens (the longest sequence the
     call may see; block_table's width times page_size when the caller gives nothing better); num_sms the
     GPU's multiprocessor count; page_size (1 to 2**20) and kv_dtype (torch.bfloat16, torch.float16,
-    torch.float8_e4m3fn or 'bf16' / 'fp16' / 'fp8_e4m3') pick the variant, whose path facts say how many
+    torch.float8_e4m3fn or 'bf16' / 'fp16' / 'fp8_e4m3' / 'fp8_e4m3_fast') pick the variant, whose path facts say how many
     query rows its CTAs hold (:func:`num_kv_splits_for` has the rule; docs/design.md the measurements).
     Returns 1 when the build has no split variant for the call. All sizes are ints (not bools): batch
     and max_seq_len >= 0, num_sms >= 1, num_heads 1 to 2**20 (MLADecodePlan's bound), q_len 1 to 8. Raises MLAInputError naming a bad argument,
@@ -84,6 +84,7 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
             fail(name, f"an int from 1 to {hi}", shown(v))
     token = DTYPE_TOKEN.get(kv_dtype, kv_dtype) if isinstance(kv_dtype, (torch.dtype, str)) else None
-    if token not in DTYPE_TOKEN.values():
-        fail("kv_dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'", shown(kv_dtype))
+    if token not in DTYPE_TOKENS:
+        fail("kv_dtype", "torch.bfloat16, torch.float16, torch.float8_e4m3fn or 'bf16'/'fp16'/'fp8_e4m3'/'fp8_e4m3_fast'",
+             shown(kv_dtype))
     return choose(_binding.library(), num_heads, page_size, token, batch, q_len, max_seq_len, num_sms)[1]

@@ -25,6 +25,13 @@ class PagedCase:
 
 #: compare() bounds for an fp8 (e4m3) cache against the fp32 reference on the dequantized cache (issue 5)
 FP8_TOLERANCE = dict(atol=1e-2, rtol=6.25e-2, cos_tol=1e-4, lse_atol=1e-3, lse_rtol=1e-4, rel_l2_tol=6.25e-2)
+#: compare() bounds for fp8_mode="fast" (fp8_e4m3_fast variants): q is rounded to e4m3 per row (3 mantissa
+#: bits, a relative error up to 2^-4 per value) and P to e4m3, so scores and lse move by up to a few 1e-3
+#: on short requests, where the rounding errors of few keys do not average out. Measured on the lab
+#: launcher (docs/design.md 3.3): out 1.1-1.4e-3, lse 1.1-1.7e-3 on 1-129 keys, 0.9-2.2e-4 on the
+#: benchmark's inputs. Out's element and L2 bounds are the exact mode's, its cosine bound 1e-3 (exact:
+#: 1e-4); lse's bounds leave about 3x room over those measurements.
+FP8_FAST_TOLERANCE = dict(atol=1e-2, rtol=6.25e-2, cos_tol=1e-3, lse_atol=5e-3, lse_rtol=1e-3, rel_l2_tol=6.25e-2)
 
 
 def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: int = 1,

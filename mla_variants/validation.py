@@ -13,6 +13,8 @@ import numbers
 
 import torch
 
+from codegen.variant import FP8_FAST as FP8_FAST_KEY  # the fast mode's variants.yaml dtype token
+
 from .fp8 import FP8_DTYPE, FP32_MAX, FP32_TINY
 
 KV_LORA_RANK = 512  # latent values per cache row (V is the first 512 of K's 576)
@@ -24,6 +26,8 @@ MAX_KV_SPLITS = 256
 Q_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # q dtypes (and their caches' dtype token)
 FP8_KEY = "fp8_e4m3"  # the variants.yaml dtype token of fp8 caches (q and out bf16)
 DTYPE_TOKEN = {**Q_DTYPES, FP8_DTYPE: FP8_KEY}  # a cache's torch dtype -> the dispatch key's dtype token
+DTYPE_TOKENS = (*DTYPE_TOKEN.values(), FP8_FAST_KEY)  # every dispatch dtype token (is_supported & co.)
+FP8_MODES = ("exact", "fast")  # fp8_mode: how a float8_e4m3fn cache is multiplied
 MAX_SOFTMAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
 K_SCALE_MAX = FP32_MAX / 256  # k_scale travels as fp32; the fp8 kernel divides it by its 2^-8 q prescale in fp32
 
@@ -185,6 +189,27 @@ def set_scale(c: Call, kv_cache, k_scale) -> None:
             c.k_scale, c.k_scale_ptr, c.k_scale_tensor = float(k_scale), 0, None
     else:
         c.key_dtype, c.k_scale, c.k_scale_ptr, c.k_scale_tensor = Q_DTYPES[c.dtype], 0.0, 0, None
+
+
+def fp8_token(fp8_mode, kv_dtype: torch.dtype) -> str | None:
+    """The dispatch dtype token of a cache of kv_dtype under fp8_mode: "exact" (the default; an fp8 cache
+    runs fp8_e4m3 variants, fp16 math on exactly widened values) or "fast" (fp8_e4m3_fast variants, fp8
+    tensor-core math; float8_e4m3fn caches only). MLAInputError naming fp8_mode otherwise."""
+    if type(fp8_mode) is not str or fp8_mode not in FP8_MODES:
+        fail("fp8_mode", "'exact' or 'fast'", shown(fp8_mode))
+    if fp8_mode == "fast":
+        if kv_dtype is not FP8_DTYPE:
+            fail("fp8_mode", f"'exact' with a {kv_dtype} kv_cache ('fast' is fp8 tensor-core math on a "
+                             "float8_e4m3fn cache)", "'fast'")
+        return FP8_FAST_KEY
+    return DTYPE_TOKEN.get(kv_dtype)  # None for a dtype no variant has (the cache's own check names it)
+
+
+def apply_fp8_mode(c: Call, fp8_mode) -> None:
+    """Set a validated call's dispatch dtype token for fp8_mode (:func:`fp8_token`)."""
+    if type(fp8_mode) is str and fp8_mode == "exact":  # the common call: the token set_scale chose
+        return
+    c.key_dtype = fp8_token(fp8_mode, c.kv_cache.dtype)
 
 
 def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:

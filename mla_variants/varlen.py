@@ -128,13 +128,13 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
                       softmax_scale: float, *, query_start_loc: torch.Tensor, max_q_len: int,
                       num_kv_splits: int | None = None, max_seq_len: int | None = None,
                       out: torch.Tensor | None = None, lse: torch.Tensor | None = None, k_scale=None,
-                      debug: bool = False):
+                      debug: bool = False, fp8_mode: str = "exact"):
     """One MLA decode step with a different q_len per request (the varlen layout).
 
     Args:
       q: [total_q_tokens, num_heads, 576] bf16/fp16, request b's tokens at rows query_start_loc[b] ..
         query_start_loc[b + 1] - 1 in order; or the pair (q_nope [..., 512], q_pe [..., 64]).
-      kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, max_seq_len, k_scale: as in
+      kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, max_seq_len, k_scale, fp8_mode: as in
         :func:`mla_variants.mla_decode` (seq_lens counts each request's keys including its new tokens).
       query_start_loc: [batch + 1] int32 on q's device, query_start_loc[0] = 0, non-decreasing, the last
         entry total_q_tokens; request b's q_len is query_start_loc[b + 1] - query_start_loc[b] (0 is
@@ -152,7 +152,7 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
     """
     from . import _binding, launching
     from .api import choose_launches, workspace_size
-    from .validation import MAX_KV_SPLITS, debug_check
+    from .validation import MAX_KV_SPLITS, apply_fp8_mode, debug_check
 
     if debug is not False and debug is not True:
         fail("debug", "a bool", shown(debug))
@@ -164,6 +164,7 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
         fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))
     c = native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_loc, max_q_len, out, lse, k_scale,
                     debug=debug)
+    apply_fp8_mode(c, fp8_mode)
     if c.total_q_tokens == 0:
         return c.out, c.lse
     lib = _binding.library()

@@ -146,7 +146,24 @@ def test_decode_call_preallocates_and_passes_the_case(bench, monkeypatch, fp8):
     assert a1[0] is inputs["q"] and a1[4] == bench.SOFTMAX_SCALE and kw1["num_kv_splits"] == 4
     assert kw1["out"] is out and kw1["lse"] is lse and kw2["workspace"] is kw1["workspace"]  # allocated once
     assert kw1["workspace"].numel() >= bench.workspace_size(3, 16, 2, 4)
-    assert kw1["k_scale"] == (bench.K_SCALE if fp8 else None)
+    assert kw1.get("k_scale") == (bench.K_SCALE if fp8 else None)
+    assert kw1.get("fp8_mode") == ("exact" if fp8 else None)  # --fp8-mode's default; none for a 16-bit cache
+
+
+def test_fp8_mode_fast_reaches_the_call_and_needs_an_fp8_dtype(bench, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "mla_decode", lambda *a, **kw: seen.append(kw))
+    monkeypatch.setattr(bench, "FP8_MODE", "exact")
+    bench.parse_args(["--dtype", "fp8_e4m3", "--fp8-mode", "fast"])
+    assert bench.FP8_MODE == "fast"
+    inputs = _cpu_inputs(fp8=True)
+    bench.decode_call(inputs, 2)[0]()
+    assert seen[0]["fp8_mode"] == "fast" and bench.case_tolerance(inputs) is bench.FP8_FAST_TOLERANCE
+    args = bench.parse_args(["--dtype", "fp8_e4m3", "--fp8-mode", "fast"])
+    assert bench.variant_dtype(args) == "fp8_e4m3_fast" and bench.element_sizes("fp8_e4m3_fast") == (1, 2)
+    assert bench.variant_dtype(bench.parse_args(["--dtype", "fp8_e4m3"])) == "fp8_e4m3"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--fp8-mode", "fast"])  # bf16 cache
 
 
 @pytest.mark.parametrize("served", [True, False])

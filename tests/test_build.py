@@ -1,5 +1,5 @@
-"""A real CMake + nvcc build of the `ci` preset (8 variants, every kernel path: transposed and 64-row,
-split and not, bf16 and fp8_e4m3, both second kernels) that links and loads, on any machine with nvcc
+"""A real CMake + nvcc build of the `ci` preset (9 variants, every kernel path: transposed and 64-row,
+split and not, bf16, fp8_e4m3 and fp8_e4m3_fast, both second kernels) that links and loads, on any machine with nvcc
 (no GPU needed); skipped with a reason where nvcc is missing."""
 import ctypes
 import json
@@ -52,10 +52,11 @@ def test_build_links_loads_and_matches_manifest(ci_build):
     gen, bld, p, _ = ci_build
     assert "compiling mla_decode_h16_p64_bf16_split" in p.stdout          # per-variant progress
     assert "compiling mla_decode_h16_p64_fp8_e4m3_split" in p.stdout
-    # summary: 8 variants (6 split, 2 nosplit at 64 heads: variants.yaml's exclude rules) + 3 second
+    assert "compiling mla_decode_h64_p64_fp8_e4m3_fast_split" in p.stdout
+    # summary: 9 variants (7 split, 2 nosplit at 64 heads: variants.yaml's exclude rules) + 3 second
     # units (the 64-head fp8 split variant's short-split kernel, the 64-row kernel of the 16- and
     # 32-head bf16 ones)
-    assert "built 8 variants (11 translation units compiled)" in p.stdout
+    assert "built 9 variants (12 translation units compiled)" in p.stdout
     assert "MiB" in p.stdout
     manifest = json.loads((gen / "manifest.json").read_text())
     lib = ctypes.CDLL(str(bld / "libmla_variants.so"))
@@ -93,7 +94,7 @@ def test_a_narrower_build_keeps_the_others_resource_records(ci_build):
     assert "built 1 variant (0 translation units compiled)" in p.stdout  # h16 nosplit: excluded
     p = _cli("build", "--preset", "ci", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built 8 variants (0 translation units compiled)" in p.stdout
+    assert "built 9 variants (0 translation units compiled)" in p.stdout
     assert json.loads((bld / "resource_usage.json").read_text()) == before
     regs = sorted(r["registers"] for r in before.values())
     assert f"registers {regs[0]}-{regs[-1]}, no spills" in p.stdout
@@ -105,7 +106,7 @@ def test_list_prints_the_manifest(ci_build):
     p = _cli("list", "--generated-dir", str(gen), "--build-dir", str(bld))
     assert p.returncode == 0, p.stderr
     assert "mla_decode_h16_p64_bf16_split" in p.stdout and "mla_decode_h64_p64_fp8_e4m3_nosplit" in p.stdout
-    assert "8 variants" in p.stdout
+    assert "9 variants" in p.stdout
     row = next(line for line in p.stdout.splitlines() if line.endswith("mla_decode_h32_p64_bf16_split"))
     assert " 32 " in row and "rows64" in row, row  # rows per CTA and the second kernel, from the manifest
     # Without --build-dir the registers still come from the manifest's own library folder, not from build/.
@@ -118,7 +119,7 @@ def test_list_prints_the_manifest(ci_build):
 
 def test_cli_reports_config_errors(tmp_path):
     bad = tmp_path / "v.yaml"
-    bad.write_text((ROOT / "variants.yaml").read_text().replace("dtype: [bf16, fp16, fp8_e4m3]", "dtype: [bf16, int4]"))
+    bad.write_text((ROOT / "variants.yaml").read_text().replace("dtype: [bf16, fp16, fp8_e4m3, fp8_e4m3_fast]", "dtype: [bf16, int4]"))
     p = _cli("generate", "--config", str(bad), "--generated-dir", str(tmp_path / "g"))
     assert p.returncode == 2 and "unknown dtype 'int4'" in p.stderr and f"{bad}:" in p.stderr
     p = _cli("generate", "--preset", "nope", "--generated-dir", str(tmp_path / "g"))

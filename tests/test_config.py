@@ -5,6 +5,7 @@ import pytest
 
 from codegen.config import ConfigError, load_config, parse_config
 from codegen.paths import CHECKOUT as ROOT
+from codegen.variant import call_dtype
 
 GOOD = """\
 dims:
@@ -28,15 +29,18 @@ def test_repository_file_is_valid_and_complete():
     adding an axis value (README: adding a variant) breaks nothing here."""
     cfg = load_config(ROOT / "variants.yaml")
     assert {16, 64, 128} <= set(cfg.axes["num_heads"]) and {1, 16, 64} <= set(cfg.axes["page_size"])
-    assert set(cfg.axes["dtype"]) == {"bf16", "fp16", "fp8_e4m3"} and cfg.axes["split"] == (False, True)
+    assert set(cfg.axes["dtype"]) == {"bf16", "fp16", "fp8_e4m3", "fp8_e4m3_fast"} and cfg.axes["split"] == (False, True)
     n = 1
     for values in cfg.axes.values():
         n *= len(values)
-    assert len(cfg.cross_product()) == n
-    # every (num_heads, page_size, dtype) keeps its split variant; nosplit variants only where the 64-row
-    # kernel loads pages by TMA (the exclude rules)
-    assert {v.key[:3] for v in cfg.variants() if v.split} == {v.key[:3] for v in cfg.cross_product()}
-    assert all(v.path == "rows64" and v.page_size % 64 == 0 for v in cfg.variants() if not v.split)
+    # less the fast variants no call runs (call_dtype: 32 heads or fewer run fp8_e4m3)
+    never = sum(call_dtype(d, h) != d for h in cfg.axes["num_heads"] for d in cfg.axes["dtype"])
+    assert len(cfg.cross_product()) == n - never * len(cfg.axes["page_size"]) * len(cfg.axes["split"]) and never == 3
+    # every (num_heads, page_size, dtype) keeps its split variant, except the fast mode below 64 heads;
+    # nosplit variants only where the 64-row kernel loads pages by TMA (the exclude rules)
+    assert {v.key[:3] for v in cfg.variants() if v.split} == {
+        v.key[:3] for v in cfg.cross_product() if v.dtype != "fp8_e4m3_fast" or v.num_heads >= 64}
+    assert all(v.path == "rows64" and v.page_size % 64 == 0 and v.facts.tma for v in cfg.variants() if not v.split)
     for name in ("deepseek-v3-tp1", "deepseek-v3-tp8", "deepseek-v3-tp16", "deepseek-v2-lite", "kimi-k2", "ci"):
         assert name in cfg.presets
     assert {v.num_heads for v in cfg.presets["deepseek-v3-tp8"].variants()} == {16}
@@ -45,7 +49,7 @@ def test_repository_file_is_valid_and_complete():
     ci = cfg.presets["ci"].variants()
     assert {v.path for v in ci} == {"transposed", "rows64"} and {v.split for v in ci} == {False, True}
     assert {v.facts.second_kernel for v in ci} == {None, "rows64", "short_split"}
-    assert {v.dtype for v in ci} >= {"bf16", "fp8_e4m3"}
+    assert {v.dtype for v in ci} >= {"bf16", "fp8_e4m3", "fp8_e4m3_fast"}
 
 
 def test_good_config_and_preset_selection():

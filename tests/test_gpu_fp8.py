@@ -33,7 +33,7 @@ def _run(case, splits, k_scale):
 @pytest.mark.parametrize("key", _fp8_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
 def test_fp8_variant_against_reference(key):
     num_heads, page, _, split = key
-    g = torch.Generator().manual_seed(hash(key) % 2**31)
+    g = torch.Generator().manual_seed(1000 * key[0] + key[1] + 7 * key[3])  # not hash(): it varies per process
     splits = [2, 7, 256] if split else [1]
     for q_len, k_scale in ((1, 0.0625), (2, 37.5), (4, 1.0)):
         lens = [0, 1, max(page - 1, 1), page, page + 1, 3000 + 37 * q_len]

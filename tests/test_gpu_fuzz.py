@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mla_variants import mla_decode, mla_decode_reference  # noqa: E402
-from mla_variants.testing import FP8_TOLERANCE, compare, make_paged_case  # noqa: E402
+from mla_variants.testing import FP8_FAST_TOLERANCE, FP8_TOLERANCE, compare, make_paged_case  # noqa: E402
 
 NUM_CASES = int(os.environ.get("MLA_FUZZ_CASES", "3000"))
 
@@ -38,7 +38,9 @@ def run_case(seed: int, table) -> list[str]:
     pages = sorted({k[1] for k in table})
     dtypes = sorted({k[2] for k in table})
     page = rng.choice(pages)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}[rng.choice(dtypes)]
+    token = rng.choice(dtypes)
+    dtype, fp8_mode = {"bf16": (torch.bfloat16, "exact"), "fp16": (torch.float16, "exact"),
+                       "fp8_e4m3": (torch.float8_e4m3fn, "exact"), "fp8_e4m3_fast": (torch.float8_e4m3fn, "fast")}[token]
     fp8 = dtype == torch.float8_e4m3fn
     k_scale = rng.choice([0.0625, 1.0, 37.5]) if fp8 else None
     num_heads = rng.choice([1, 2, 3, 8, 16, 20, 32, 64, 100, 128, 160, rng.randint(1, 160)])
@@ -61,11 +63,13 @@ def run_case(seed: int, table) -> list[str]:
     if fp8 and rng.random() < 0.5:  # the scale as a device tensor
         scale_arg = torch.tensor([k_scale], dtype=torch.float32, device="cuda")
     got_out, got_lse = mla_decode(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                                  num_kv_splits=splits, out=out, k_scale=scale_arg)
+                                  num_kv_splits=splits, out=out, k_scale=scale_arg,
+                                  **({"fp8_mode": fp8_mode} if fp8 else {}))
     ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                             k_scale=k_scale)
-    problems = compare(got_out, got_lse, ref_out, ref_lse, **(FP8_TOLERANCE if fp8 else {}))
-    return [f"seed={seed} (page {page}, {'fp8 k_scale ' + str(k_scale) if fp8 else dtype}, heads {num_heads}, q_len {q_len}, seq_lens {case.seq_lens.tolist()}, "
+    tolerance = (FP8_FAST_TOLERANCE if fp8_mode == "fast" else FP8_TOLERANCE) if fp8 else {}
+    problems = compare(got_out, got_lse, ref_out, ref_lse, **tolerance)
+    return [f"seed={seed} (page {page}, {f'fp8 {fp8_mode} k_scale ' + str(k_scale) if fp8 else dtype}, heads {num_heads}, q_len {q_len}, seq_lens {case.seq_lens.tolist()}, "
             f"splits {splits}): {p}" for p in problems]
 
 

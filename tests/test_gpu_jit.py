@@ -41,3 +41,22 @@ def test_first_call_compiles_the_variant_and_matches_the_reference(jit_library, 
     token = "fp8_e4m3" if dtype == torch.float8_e4m3fn else "bf16"
     assert (num_heads, page_size, token, True) in jit_library.table, "the call did not run on its own variant"
     print(f"{num_heads} heads, page {page_size}, {token}: JIT build and checks in {time.monotonic() - t0:.1f} s")
+
+
+def test_first_fast_fp8_call_of_40_heads_compiles_its_fast_variant(jit_library):
+    """fp8_mode="fast" at 40 heads (33-63: no default-build head count) compiles the fp8_e4m3_fast variant of
+    exactly 40 heads on first use; its split pieces (fast::Piece) go through the combine; a 16-head fast call
+    compiles the exact fp8_e4m3 variant it runs (codegen.variant.call_dtype)."""
+    from mla_variants.testing import FP8_FAST_TOLERANCE
+    g = torch.Generator().manual_seed(40)
+    case = make_paged_case([0, 1, 65, 1500, 3000], 40, 64, 2, torch.float8_e4m3fn, generator=g, k_scale=0.5)
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
+    for splits in (1, 5):
+        out, lse = run_nan_prefilled(case, splits, k_scale=0.5, fp8_mode="fast")
+        problems = compare(out, lse, *ref, **FP8_FAST_TOLERANCE)
+        assert not problems, f"40 heads fast splits {splits}: {problems}"
+    assert (40, 64, "fp8_e4m3_fast", True) in jit_library.table
+    small = make_paged_case([300, 70], 16, 64, 1, torch.float8_e4m3fn, generator=g, k_scale=0.5)
+    run_nan_prefilled(small, 2, k_scale=0.5, fp8_mode="fast")
+    assert (16, 64, "fp8_e4m3", True) in jit_library.table
+    assert not any(k[2] == "fp8_e4m3_fast" and k[0] <= 32 for k in jit_library.table)

@@ -94,8 +94,9 @@ class _PlanOnCpu:
     its CUDA-device check, which must be the only complaint), checks the arguments against the plan's
     num_heads / page_size / q_len / dtypes, then computes with the fp32 reference into the bf16/fp16 `out`."""
 
-    def __init__(self, max_batch, num_heads, page_size, *, q_len, dtype, kv_dtype, max_seq_len, device):
+    def __init__(self, max_batch, num_heads, page_size, *, q_len, dtype, kv_dtype, max_seq_len, device, fp8_mode):
         self.max_batch, self.num_heads, self.page_size, self.q_len = max_batch, num_heads, page_size, q_len
+        self.fp8_mode = fp8_mode
         self.dtype, self.kv_dtype = dtype, kv_dtype or dtype
 
     def run(self, q, kv_cache, block_table, seq_lens, softmax_scale, *, out, lse, k_scale=None):
@@ -112,10 +113,10 @@ class _PlanOnCpu:
         return out, lse
 
 
-@pytest.mark.parametrize("arch,kv_dtype,q_len,page_size", [("v2", "bf16", 1, 1), ("v3", "bf16", 2, 16),
-                                                           ("v2", "fp8_e4m3", 2, 16), ("v3", "fp8_e4m3", 1, 1),
-                                                           ("v3", "fp16", 2, 16)])
-def test_kernel_backend_arguments_on_cpu(monkeypatch, arch, kv_dtype, q_len, page_size):
+@pytest.mark.parametrize("arch,kv_dtype,q_len,page_size,fp8_mode", [
+    ("v2", "bf16", 1, 1, "exact"), ("v3", "bf16", 2, 16, "exact"), ("v2", "fp8_e4m3", 2, 16, "exact"),
+    ("v3", "fp8_e4m3", 1, 1, "exact"), ("v3", "fp8_e4m3", 2, 16, "fast"), ("v3", "fp16", 2, 16, "exact")])
+def test_kernel_backend_arguments_on_cpu(monkeypatch, arch, kv_dtype, q_len, page_size, fp8_mode):
     """The kernel backend's plumbing (plan per q_len, out/lse buffers sliced per batch, q in bf16/fp16,
     k_scale, block_table / seq_lens views) through the library's argument validation, on the CPU; the
     logits bound still holds with q and out rounded to the kernel's 16-bit dtype."""
@@ -133,8 +134,9 @@ def test_kernel_backend_arguments_on_cpu(monkeypatch, arch, kv_dtype, q_len, pag
         self.q_dtype = torch.float16 if self.kv_dtype == torch.float16 else torch.bfloat16
     monkeypatch.setattr(mla_variants.plan, "MLADecodePlan", plan)
     monkeypatch.setattr(MLADecodeHandle, "__init__", kernel_init)
-    rep = _check(arch, page_size=page_size, q_len=q_len, kv_dtype=kv_dtype)
+    rep = _check(arch, page_size=page_size, q_len=q_len, kv_dtype=kv_dtype, fp8_mode=fp8_mode)
     assert {p.q_len for p in plans} == ({1, q_len}), "one plan per q_len (q_len 1: free generation)"
+    assert {p.fp8_mode for p in plans} == {fp8_mode}, "the handle's fp8_mode reaches every plan"
     if kv_dtype != "fp8_e4m3":   # measured 0.005-0.04 with q and out rounded to 16 bits
         assert rep.max_logit_err < 0.1, rep.line()
 
@@ -230,6 +232,10 @@ def test_argument_errors():
         enable_mla_decode(model, max_batch=1, max_seq_len=8, backend="kernel")
     with pytest.raises(MLAInputError, match="k_scale: expected None for a torch.bfloat16 cache"):
         enable_mla_decode(model, max_batch=1, max_seq_len=8, k_scale=0.5)
+    with pytest.raises(MLAInputError, match="fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
+        enable_mla_decode(model, max_batch=1, max_seq_len=8, fp8_mode="fast")
+    with pytest.raises(MLAInputError, match="fp8_mode: expected 'exact' or 'fast', got 'turbo'"):
+        enable_mla_decode(model, max_batch=1, max_seq_len=8, kv_dtype="fp8_e4m3", fp8_mode="turbo")
     with pytest.raises(MLAInputError, match="k_scale: expected one value per attention layer"):
         enable_mla_decode(model, max_batch=1, max_seq_len=8, kv_dtype="fp8_e4m3", k_scale=[0.1])
     with pytest.raises(MLAInputError, match="page_size: expected an int"):
@@ -286,5 +292,18 @@ def _need_kernels(num_heads: int, page_size: int, kv_dtype: str) -> None:
 def test_matches_transformers_gpu(arch, num_heads, page_size, kv_dtype, q_len):
     _need_kernels(num_heads, page_size, kv_dtype)
     rep = _check(arch, device="cuda", num_heads=num_heads, page_size=page_size, q_len=q_len, kv_dtype=kv_dtype)
+    if q_len > 1:
+        assert rep.spec_err <= rep.bound, rep.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("arch", ["v2", "v3"])
+def test_fast_fp8_matches_transformers_gpu(arch, page_size, q_len):
+    """fp8_mode="fast" (fp8 tensor-core math) at 128 heads, held to the fp8 cache's logit bound."""
+    _need_kernels(128, page_size, "fp8_e4m3_fast")
+    rep = _check(arch, device="cuda", num_heads=128, page_size=page_size, q_len=q_len, kv_dtype="fp8_e4m3",
+                 fp8_mode="fast")
     if q_len > 1:
         assert rep.spec_err <= rep.bound, rep.line()

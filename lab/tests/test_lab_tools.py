@@ -83,6 +83,82 @@ def test_fp8_mma_accuracy_study_separates_the_designs(lab_module):
     assert not any(r[0] for r in sharp["s-fp8"]) and not any(r[0] for r in flat["s-fp8+pv-fp8"])
 
 
+def find_cuobjdump(nvcc) -> Path | None:
+    """cuobjdump on PATH, beside the (resolved) nvcc, or in the pip CUDA packages' bin folders."""
+    import glob
+    import shutil
+    import site
+    found = shutil.which("cuobjdump")
+    if found:
+        return Path(found)
+    beside = Path(nvcc).resolve().with_name("cuobjdump")
+    if beside.exists():
+        return beside
+    for root in site.getsitepackages():
+        for hit in sorted(glob.glob(f"{root}/nvidia/*/bin/cuobjdump")):
+            return Path(hit)
+    return None
+
+
+def local_memory_in_wgmma_span(sass: str) -> list[str]:
+    """Local loads and stores (LDL/STL) that lie between a function's first and last wgmma (GMMA)
+    instruction of `cuobjdump -sass` output: spills inside the tensor-core loop, where they cost."""
+    found, func, body = [], None, []
+
+    def check():
+        gmma = [i for i, line in enumerate(body) if "GMMA" in line]
+        if gmma:
+            found.extend(f"{func}: {line.strip()}" for line in body[gmma[0]:gmma[-1]]
+                         if "LDL" in line or "STL" in line)
+
+    for line in sass.splitlines():
+        if line.strip().startswith("Function :"):
+            check()
+            func, body = line.split(":", 1)[1].strip(), []
+        else:
+            body.append(line)
+    check()
+    return found
+
+
+def test_local_memory_in_wgmma_span_finds_a_spill_between_wgmmas():
+    sass = """Function : k
+        /*0010*/ STL [R1], R2 ;
+        /*0020*/ QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24 ;
+        /*0030*/ LDL R8, [R1] ;
+        /*0040*/ QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24 ;
+        /*0050*/ LDL R9, [R1] ;
+"""
+    assert local_memory_in_wgmma_span(sass) == ["k: /*0030*/ LDL R8, [R1] ;"]
+
+
+def test_fp8_fast_launchers_compile_without_spills_in_the_loop(tmp_path):
+    """lab/fp8_fast_launch.cu (the fast kernel of templates/mla/fp8_fast.cuh before it is a dtype) builds
+    the shared object lab/fp8_fast_check.py loads; ptxas serializes no wgmma (C7511, C7515), and no spill lies
+    between a kernel's wgmma instructions (a few bytes of the CTA's work descriptor, stored at entry and
+    read by the epilogue, are allowed)."""
+    from codegen.build import cutlass_include_dir
+    try:
+        nvcc = find_nvcc()
+    except BuildError as e:
+        pytest.skip(f"no CUDA compiler: {e}")
+    cuobjdump = find_cuobjdump(nvcc)
+    if cuobjdump is None:
+        pytest.skip(f"no cuobjdump (PATH, beside {nvcc}, or pip nvidia-cuda-cuobjdump)")
+    so = tmp_path / "fp8_fast.so"
+    p = subprocess.run([str(nvcc), "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        "--expt-relaxed-constexpr", "-shared", "-Xcompiler", "-fPIC", "-Xptxas=-v",
+                        f"-I{LAB.parent / 'templates' / 'mla'}", f"-I{cutlass_include_dir()}",
+                        "-o", str(so), str(LAB / "fp8_fast_launch.cu")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    serialized = [line for line in p.stderr.splitlines() if "C7515" in line or "C7511" in line]
+    assert not serialized, serialized  # ptxas would serialize the wgmma pipeline
+    sass = subprocess.run([str(cuobjdump), "-sass", str(so)], check=True, capture_output=True, text=True).stdout
+    assert "GMMA" in sass
+    assert not local_memory_in_wgmma_span(sass)
+
+
 def _bench_file(tmp_path, name, times):
     """A bench.py result file with one case per (heads, cold_us, graph_us) entry."""
     rows = [{"num_heads": h, "batch": 32, "seq_mean": 4096, "page_size": 64, "ragged": False, "q_len": 1,

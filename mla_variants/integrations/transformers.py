@@ -49,7 +49,7 @@ import torch
 from ..fp8 import FP8_DTYPE, FP8_MAX, FP32_TINY, quantize_kv, write_kv_cache
 from ..reference import mla_decode_reference
 from ..validation import (HEAD_DIM, K_SCALE_MAX, KV_LORA_RANK, MAX_Q_LEN, QK_ROPE_HEAD_DIM, MLAInputError, fail,
-                          shown)
+                          fp8_token, shown)
 
 __all__ = ["enable_mla_decode", "MLADecodeHandle", "MLAInputError", "SUPPORTED_ATTENTION_CLASSES", "K_SCALE_HEADROOM"]
 
@@ -175,10 +175,11 @@ class MLADecodeHandle:
       page_size, max_batch, max_seq_len, num_pages, num_heads, kv_dtype, batch (requests of the last prefill).
     """
 
-    def __init__(self, model, layers: list[_Layer], *, page_size: int, kv_dtype: torch.dtype, max_batch: int,
+    def __init__(self, model, layers: list[_Layer], *, page_size: int, kv_dtype: torch.dtype, fp8_mode: str, max_batch: int,
                  max_seq_len: int, backend: str, device: torch.device, k_scales: list, shuffle_pages: bool):
         self.model, self._layers = model, layers
         self.page_size, self.kv_dtype, self.max_batch, self.max_seq_len = page_size, kv_dtype, max_batch, max_seq_len
+        self.fp8_mode = fp8_mode
         self.backend, self.device = backend, device
         self.num_heads = layers[0].num_heads
         self.max_pages_per_seq = -(-max_seq_len // page_size)
@@ -381,7 +382,7 @@ class MLADecodeHandle:
 
     def __repr__(self) -> str:
         return (f"MLADecodeHandle(layers={len(self._layers)}, num_heads={self.num_heads}, page_size={self.page_size}, "
-                f"kv_dtype={self.kv_dtype}, backend={self.backend!r}, max_batch={self.max_batch}, "
+                f"kv_dtype={self.kv_dtype}, fp8_mode={self.fp8_mode!r}, backend={self.backend!r}, max_batch={self.max_batch}, "
                 f"max_seq_len={self.max_seq_len}, batch={self.batch}, seq_lens={self._lens})")
 
     # ---------------------------------------------------------------- internals
@@ -414,7 +415,7 @@ class MLADecodeHandle:
         if entry is None:
             from ..plan import MLADecodePlan
             plan = MLADecodePlan(self.max_batch, self.num_heads, self.page_size, q_len=q_len, dtype=self.q_dtype,
-                                 kv_dtype=FP8_DTYPE if self.kv_dtype == FP8_DTYPE else None,
+                                 kv_dtype=FP8_DTYPE if self.kv_dtype == FP8_DTYPE else None, fp8_mode=self.fp8_mode,
                                  max_seq_len=self.max_seq_len, device=self.device)
             out = torch.empty(self.max_batch, q_len, self.num_heads, KV_LORA_RANK, dtype=self.q_dtype, device=self.device)
             lse = torch.empty(self.max_batch, self.num_heads, q_len, dtype=torch.float32, device=self.device)
@@ -540,7 +541,8 @@ class MLADecodeHandle:
 
 
 def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int = 16, kv_dtype=torch.bfloat16,
-                      k_scale=None, backend: str = "auto", shuffle_pages: bool = True) -> MLADecodeHandle:
+                      k_scale=None, fp8_mode: str = "exact", backend: str = "auto",
+                      shuffle_pages: bool = True) -> MLADecodeHandle:
     """Make a transformers DeepSeek-V2/V3 model decode with absorbed MLA over a paged latent cache.
 
     Patches every DeepseekV2Attention / DeepseekV3Attention module of `model` (instance attribute
@@ -566,6 +568,9 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
       k_scale: fp8 caches only: None (calibrate each layer at its first prefill: K_SCALE_HEADROOM x max
         |row value| / 448), a positive float for every layer, or a list with one per attention layer.
         Cache value x k_scale = real value (mla_variants.fp8).
+      fp8_mode: fp8 caches only: "exact" (default; the cache widened exactly to fp16 for the kernel's math)
+        or "fast" (fp8 tensor-core math above 32 heads, the exact kernels at 32 or fewer; the README's
+        "Which fp8 mode"), as mla_decode's fp8_mode. The reference backend computes in fp32 under either mode.
       backend: "auto" (the kernels when the model is on CUDA, else the reference), "kernel"
         (MLADecodePlan; CUDA only), "reference" (mla_decode_reference in fp32, any device).
       shuffle_pages: hand out pages from a shuffled pool (True, so block_table is a real indirection) or
@@ -576,7 +581,7 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
       MLAInputError (a ValueError) naming the argument, what was expected and what was given: a model
       without supported attention modules, or whose modules have another kv_lora_rank / qk_rope_head_dim,
       inconsistent head counts, quantized kv_b_proj, several devices; bad max_batch, max_seq_len,
-      page_size, kv_dtype, k_scale, backend; a model already enabled. With the kernel backend:
+      page_size, kv_dtype, k_scale, fp8_mode, backend; a model already enabled. With the kernel backend:
       VariantNotCompiledError (no compiled variant for page_size and kv_dtype) or LibraryNotBuiltError.
       ImportError if transformers is not installed.
     """
@@ -593,6 +598,7 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
     _positive_int("max_seq_len", max_seq_len)
     _positive_int("page_size", page_size, 1 << 20)
     dtype = _kv_dtype_of(kv_dtype)
+    fp8_token(fp8_mode, dtype)   # MLAInputError naming fp8_mode: not 'exact'/'fast', or 'fast' on a 16/32-bit cache
     if backend not in _BACKENDS:
         fail("backend", "'auto', 'kernel' or 'reference'", shown(backend))
     if not isinstance(shuffle_pages, bool):
@@ -649,7 +655,7 @@ def enable_mla_decode(model, *, max_batch: int, max_seq_len: int, page_size: int
         if k_scale is not None:
             fail("k_scale", f"None for a {dtype} cache (k_scale is for fp8_e4m3 caches)", shown(k_scale))
         k_scales = [None] * len(layers)
-    handle = MLADecodeHandle(model, layers, page_size=page_size, kv_dtype=dtype, max_batch=max_batch,
+    handle = MLADecodeHandle(model, layers, page_size=page_size, kv_dtype=dtype, fp8_mode=fp8_mode, max_batch=max_batch,
                              max_seq_len=max_seq_len, backend=backend, device=device, k_scales=k_scales,
                              shuffle_pages=shuffle_pages)
     for layer in layers:

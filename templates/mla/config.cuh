@@ -93,6 +93,7 @@ struct CacheTypes {
   using Q = Cache;
   using Out = Cache;
   static constexpr bool kFp8 = false;
+  static constexpr bool kFast = false;
 };
 template <>
 struct CacheTypes<cutlass::float_e4m3_t> {
@@ -100,6 +101,19 @@ struct CacheTypes<cutlass::float_e4m3_t> {
   using Q = cutlass::bfloat16_t;
   using Out = cutlass::bfloat16_t;
   static constexpr bool kFp8 = true;
+  static constexpr bool kFast = false;
+};
+// The fast mode of an fp8 e4m3 cache (variants.yaml dtype fp8_e4m3_fast): the same cache bytes, with
+// fp8 tensor-core math on them (fp8_fast.cuh: q rounded to e4m3 per row, P to e4m3); q and out bf16.
+// A tag: the cache's element type is still cutlass::float_e4m3_t.
+struct Fp8FastCache {};
+template <>
+struct CacheTypes<Fp8FastCache> {
+  using Mma = cutlass::float_e4m3_t;
+  using Q = cutlass::bfloat16_t;
+  using Out = cutlass::bfloat16_t;
+  static constexpr bool kFp8 = true;
+  static constexpr bool kFast = true;
 };
 constexpr float kFp8QPrescale = 1.f / 256.f;
 
@@ -149,20 +163,24 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !Ca
 //   kSt32MinKeys keys.
 enum class SecondKernel : int { kNone = 0, kShortSplit = 1, kRows64 = 2 };
 
+// A fast-mode variant (CacheTypes::kFast) at any head count runs the one fp8 fast kernel: 64 rows per
+// CTA (rows of missing heads masked), no second kernel, cp.async loads, no balanced schedule.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 struct VariantTraits {
   static constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
-  static constexpr int kRows = kRowBlock<NUM_HEADS, kFp8>;
-  static constexpr int kMaxRows = kMaxRowBlock<NUM_HEADS, kFp8>;
-  static constexpr SecondKernel kSecond = kUseSt<NUM_HEADS, kFp8> && !kFp8   ? SecondKernel::kRows64
+  static constexpr bool kFast = CacheTypes<Cache>::kFast;
+  static constexpr int kRows = kFast ? kBlockM : kRowBlock<NUM_HEADS, kFp8>;
+  static constexpr int kMaxRows = kFast ? kBlockM : kMaxRowBlock<NUM_HEADS, kFp8>;
+  static constexpr SecondKernel kSecond = kFast                                        ? SecondKernel::kNone
+                                          : kUseSt<NUM_HEADS, kFp8> && !kFp8           ? SecondKernel::kRows64
                                           : !kUseSt<NUM_HEADS, kFp8> && kFp8 && SPLIT ? SecondKernel::kShortSplit
-                                                                                     : SecondKernel::kNone;
+                                                                                       : SecondKernel::kNone;
   // 0: the second kernel never runs for short splits (it may still run for wide requests).
   static constexpr int kSecondMaxSplitKeys = kSecond == SecondKernel::kShortSplit     ? kFp8ShortSplitKeys
                                              : kSecond == SecondKernel::kRows64 && kRows == 32
                                                  ? kSt32MinKeys - kBlockN
                                                  : 0;
-  static constexpr bool kTma = kTmaPages<Cache, PAGE_SIZE, kRows>;
+  static constexpr bool kTma = !kFast && kTmaPages<Cache, PAGE_SIZE, kRows>;
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;
   static constexpr bool kBalanced = SPLIT && kSchedulable<Cache, NUM_HEADS>;

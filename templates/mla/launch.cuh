@@ -13,6 +13,7 @@
 #include "abi.h"
 #include "combine.cuh"
 #include "config.cuh"
+#include "fp8_fast.cuh"
 #include "kernel.cuh"
 #include "tma_map.cuh"
 
@@ -54,6 +55,56 @@ cudaError_t launch_st_rows(int rows, const DecodeParams& p, dim3 grid, cudaStrea
   }
   return launch_decode_kernel<KernelStorage<Cache, ROWS>>(
       mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, ROWS>, p, grid, stream);
+}
+
+// The combine after a split decode grid (combine.cuh): a warp per row for 2-8 splits, a warp per 128
+// columns for 9-16, kCombineWideGroups CTAs per row from kCombineWideMinSplits, else a CTA per row;
+// the scheduled combine for a balanced schedule. combine_rows and wide_combine as the launcher
+// checked them. P: the decode kernel's partials (workspace.cuh).
+template <class Out, class P>
+cudaError_t launch_combine(const MlaDecodeArgs& a, cudaStream_t stream, int64_t combine_rows, bool scheduled,
+                           bool wide_combine) {
+  cudaError_t err;
+  int64_t rows = combine_rows;
+  unsigned threads = kCombineThreads;
+  auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out, P> : mla_combine_kernel<Out, P>;
+  if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
+    static_assert(kCombineWarpMaxSplits == 8, "one instantiation per split count below");
+    switch (a.num_kv_splits) {
+      case 2: combine_kernel = mla_combine_warp_kernel<Out, P, 2>; break;
+      case 3: combine_kernel = mla_combine_warp_kernel<Out, P, 3>; break;
+      case 4: combine_kernel = mla_combine_warp_kernel<Out, P, 4>; break;
+      case 5: combine_kernel = mla_combine_warp_kernel<Out, P, 5>; break;
+      case 6: combine_kernel = mla_combine_warp_kernel<Out, P, 6>; break;
+      case 7: combine_kernel = mla_combine_warp_kernel<Out, P, 7>; break;
+      default: combine_kernel = mla_combine_warp_kernel<Out, P, 8>; break;
+    }
+    rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
+    threads = 32 * kCombineWarpRows;
+  } else if (!scheduled && a.num_kv_splits <= kCombineColsMaxSplits) {  // a warp per 128 columns (combine.cuh)
+    combine_kernel = mla_combine_cols_kernel<Out, P>;
+    threads = 32 * kCombineWideGroups;
+  } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
+    combine_kernel = mla_combine_wide_kernel<Out, P>;
+    rows *= kCombineWideGroups;
+    threads = 32 * kCombineWideWarps;
+  }
+  // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
+  // it only after their stores (params.cuh allow_dependent_launch), so no combine CTA can wait on
+  // an SM that a decode CTA still needs, and the combine waits for the whole grid (combine.cuh).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows), 1, 1);
+  config.blockDim = dim3(threads, 1, 1);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, combine_kernel, a);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
+  return err;
 }
 
 // One variant's launcher. Facts: the variant's path facts as codegen rendered them (config.cuh
@@ -111,9 +162,11 @@ int launch(const MlaDecodeArgs* args) {
 #endif
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if (second ? Facts::kSecondTma : Facts::kTma) {
-    if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
-    if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
+  if constexpr (!CacheTypes<Cache>::kFast) {  // the fast kernel loads by cp.async only
+    if (second ? Facts::kSecondTma : Facts::kTma) {
+      if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+      if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
+    }
   }
   const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
@@ -134,63 +187,32 @@ int launch(const MlaDecodeArgs* args) {
   const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
-  auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-  if constexpr (Facts::kBalanced) {
-    if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
-  }
   const dim3 grid(unsigned(grid_x), grid_y, 1);
   cudaError_t err = cudaSuccess;
-  if (second) {
-    if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
-  } else if constexpr (Facts::kMaxRows > Facts::kRows) {
-    err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+  if constexpr (CacheTypes<Cache>::kFast) {
+    err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid,
+                                              stream);
   } else {
-    err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
+    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
+    if constexpr (Facts::kBalanced) {
+      if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
+    }
+    if (second) {
+      if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
+    } else if constexpr (Facts::kMaxRows > Facts::kRows) {
+      err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+    } else {
+      err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
+    }
   }
   if (err != cudaSuccess) return int(err);
 
   if (combine_rows > 0) {
     using Out = typename CacheTypes<Cache>::Out;
-    using P = Partial<Out, NUM_HEADS>;  // the decode kernel's partials (workspace.cuh)
-    int64_t rows = combine_rows;
-    unsigned threads = kCombineThreads;
-    auto combine_kernel = scheduled ? mla_combine_scheduled_kernel<Out, P> : mla_combine_kernel<Out, P>;
-    if (!scheduled && a.num_kv_splits <= kCombineWarpMaxSplits) {  // a warp per row (combine.cuh)
-      static_assert(kCombineWarpMaxSplits == 8, "one instantiation per split count below");
-      switch (a.num_kv_splits) {
-        case 2: combine_kernel = mla_combine_warp_kernel<Out, P, 2>; break;
-        case 3: combine_kernel = mla_combine_warp_kernel<Out, P, 3>; break;
-        case 4: combine_kernel = mla_combine_warp_kernel<Out, P, 4>; break;
-        case 5: combine_kernel = mla_combine_warp_kernel<Out, P, 5>; break;
-        case 6: combine_kernel = mla_combine_warp_kernel<Out, P, 6>; break;
-        case 7: combine_kernel = mla_combine_warp_kernel<Out, P, 7>; break;
-        default: combine_kernel = mla_combine_warp_kernel<Out, P, 8>; break;
-      }
-      rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
-      threads = 32 * kCombineWarpRows;
-    } else if (!scheduled && a.num_kv_splits <= kCombineColsMaxSplits) {  // a warp per 128 columns (combine.cuh)
-      combine_kernel = mla_combine_cols_kernel<Out, P>;
-      threads = 32 * kCombineWideGroups;
-    } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
-      combine_kernel = mla_combine_wide_kernel<Out, P>;
-      rows *= kCombineWideGroups;
-      threads = 32 * kCombineWideWarps;
-    }
-    // A programmatic dependent launch: set up while the decode grid finishes; the decode CTAs allow
-    // it only after their stores (params.cuh allow_dependent_launch), so no combine CTA can wait on
-    // an SM that a decode CTA still needs, and the combine waits for the whole grid (combine.cuh).
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(rows), 1, 1);
-    config.blockDim = dim3(threads, 1, 1);
-    config.dynamicSmemBytes = 0;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    err = cudaLaunchKernelEx(&config, combine_kernel, a);
-    if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next call's check
+    // The fast kernel's pieces are fast::Piece (16-bit) at every head count (fp8_fast.cuh).
+    using P = std::conditional_t<CacheTypes<Cache>::kFast, fast::Piece, Partial<Out, NUM_HEADS>>;
+    static_assert(!CacheTypes<Cache>::kFast || std::is_same_v<Out, fast::Piece>, "the fast kernel stores out as fast::Piece");
+    err = launch_combine<Out, P>(a, stream, combine_rows, scheduled, wide_combine);
   }
   if (err == cudaSuccess && a.query_start_loc != nullptr && a.total_q_tokens > 0) {  // combine.cuh
     const unsigned blocks = unsigned((int64_t(a.total_q_tokens) + kVarlenFillTokens - 1) / kVarlenFillTokens);

@@ -1,0 +1,560 @@
+// The fp8 fast mode on the 64-row path (docs/design.md 3.3): fp8 tensor-core math on the cache's raw
+// e4m3 bytes. One CTA per (request, 64-row block), a producer warpgroup and two math warpgroups in the
+// seesaw of consumer_rows64.cuh, with these differences:
+//   - the producer only copies: a tile is 64 tokens x 576 raw bytes in the 128-byte-swizzled K-major
+//     layout that fp8 wgmma reads (five 8 KiB slots of 128 bytes per token, the fifth half used);
+//   - Q is rounded to e4m3 by the math warps at entry, with one power-of-2 scale per row;
+//   - S = Q8 K8^T over all 576 columns (fp8 wgmma, 18 k-steps of 32), each row scaled by k_scale /
+//     its Q scale;
+//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and the accumulator holds
+//     O^T [256 dims x 64 rows] per warpgroup: O^T += V^T P^T with V^T built in registers from the same
+//     tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so no V^T copy
+//     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
+//     so P^T is stored with its tokens in sigma order;
+//   - the row sums come from P before rounding; O^T is rescaled per column (query row) from the row
+//     maxima in shared memory.
+#pragma once
+#include <cuda_runtime.h>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/float8.h>
+
+#include "arch.cuh"
+#include "config.cuh"
+#include "params.cuh"
+#include "workspace.cuh"
+
+namespace mla {
+namespace fast {
+
+using namespace cute;
+using E4 = cutlass::float_e4m3_t;
+
+constexpr int kTileBytes = 640;                  // a token's or Q row's slots: 5 x 128 bytes, 576 used
+constexpr int kSlots = 5;                        // 128-byte column slots of a tile (the fifth: RoPE, 64 bytes)
+constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
+constexpr float kPScale = 256.f;                 // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal
+constexpr float kQMax = 448.f;                   // e4m3's largest finite value
+constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
+constexpr int kStages = 4;                       // tile t in stage t % 4; warpgroup t % 2 owns its S
+using Piece = cutlass::bfloat16_t;               // out's type, and that of a split launch's workspace pieces
+                                                 // at every head count (launch.cuh hands the combine this type)
+
+using LayoutTile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape<_64, Int<kTileBytes>>{}));
+using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_64, _64>{}));
+
+struct Storage {
+  static constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
+  alignas(1024) E4 q[kBlockM * kTileBytes];           // 40 KiB: Q8, rows x 640 bytes
+  alignas(1024) E4 kv[kStages][kBlockN * kTileBytes];  // 4 x 40 KiB: raw tiles
+  alignas(1024) E4 pt[kStages][kBlockM * kBlockN];     // 4 x 4 KiB: P^T of the stage's tile
+  float q_inv_scale[kBlockM];                         // 1 / (Q row's power-of-2 scale)
+  float row_max[2][kBlockM];                          // the seesaw's running max hand-over
+  float row_alpha[2][kBlockM];                        // and the factor of what came before (O^T's columns)
+  float row_sum[2][kBlockM];                          // each warpgroup's row sums at the end
+  uint64_t kv_full[kStages], kv_empty[kStages];
+};
+constexpr int kThreads = Storage::kThreads;
+constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
+
+// Byte offset of (row, byte column) in a 128-byte-swizzled K-major tile of `rows` rows (LayoutTile):
+// 1024-byte atoms of 8 rows x 128 bytes, column-block-major; 16-byte chunk c of row r at c ^ (r % 8).
+__host__ __device__ __forceinline__ uint32_t tile_offset(int row, int col, int rows) {
+  const uint32_t atom = uint32_t(row >> 3) + uint32_t(col >> 7) * uint32_t(rows >> 3);
+  const uint32_t chunk = uint32_t((col & 127) >> 4) ^ uint32_t(row & 7);
+  return atom * 1024u + uint32_t(row & 7) * 128u + chunk * 16u + uint32_t(col & 15);
+}
+// P^T (LayoutPt): 64-byte rows, 16-byte chunk c of row r at c ^ ((r >> 1) & 3); column k of a 32-token
+// k-step holds token sigma(k) (a_vt), so token t < 32 goes to column
+// (t & 16) | ((t >> 1) & 3) << 2 | ((t >> 3) & 1) << 1 | (t & 1) (exp_store_pt).
+
+// Two floats -> two e4m3 (round to nearest, saturating), low byte first.
+__device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q: the math warps round the CTA's 64 rows to e4m3 with one power-of-2 scale per row (the largest
+// that keeps the row's largest magnitude <= 448), 4 threads per row.
+
+template <int NUM_HEADS>
+__device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int tid) {
+  const int row = tid / 4, part = tid % 4;  // part: 16-byte chunks part, part + 4, ... of the 72
+  const int grow = m_block * kBlockM + row;
+  const int h = grow % NUM_HEADS;
+  const QueryRow qr = query_row(a, b, grow / NUM_HEADS, h);
+  const char* nope = static_cast<const char*>(a.q_nope) +
+                     (int64_t(qr.ob) * a.q_nope_stride_batch + int64_t(qr.t) * a.q_nope_stride_token +
+                      int64_t(h) * a.q_nope_stride_head) * 2;
+  const char* pe = static_cast<const char*>(a.q_pe) +
+                   (int64_t(qr.ob) * a.q_pe_stride_batch + int64_t(qr.t) * a.q_pe_stride_token +
+                    int64_t(h) * a.q_pe_stride_head) * 2;
+  auto chunk = [&](int c) -> uint4 {
+    if (!qr.valid) return make_uint4(0, 0, 0, 0);
+    return __ldg(reinterpret_cast<const uint4*>(c < 64 ? nope + c * 16 : pe + (c - 64) * 16));
+  };
+  // The thread's 18 chunks stay in registers (72) between the row max and the conversion: one pass
+  // over global memory, all loads in flight at once.
+  uint4 v[18];
+  CUTE_UNROLL
+  for (int k = 0; k < 18; ++k) v[k] = chunk(part + 4 * k);
+  float amax = 0.f;
+  CUTE_UNROLL
+  for (int k = 0; k < 18; ++k) {
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = unpack2<cutlass::bfloat16_t>(w[i]);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+  // scale = 2^floor(log2(448 / amax)); 1 for an all-zero row.
+  const float scale = amax > 0.f ? exp2f(floorf(log2f(kQMax / amax))) : 1.f;
+  if (part == 0) s.q_inv_scale[row] = 1.f / scale;
+  char* q = reinterpret_cast<char*>(s.q);
+  CUTE_UNROLL
+  for (int k = 0; k < 18; ++k) {
+    const int c = part + 4 * k;
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+    uint32_t packed[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const float2 f0 = unpack2<cutlass::bfloat16_t>(w[2 * i]);
+      const float2 f1 = unpack2<cutlass::bfloat16_t>(w[2 * i + 1]);
+      packed[i] = uint32_t(e4m3x2(f0.x * scale, f0.y * scale)) | (uint32_t(e4m3x2(f1.x * scale, f1.y * scale)) << 16);
+    }
+    // 8 values = 8 bytes at byte column 8 c (16-byte chunks move whole under the swizzle).
+    *reinterpret_cast<uint2*>(q + tile_offset(row, 8 * c, kBlockM)) = make_uint2(packed[0], packed[1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 4, eight threads
+// per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end. One full barrier per stage
+// (128 arrivals) and one empty barrier (8: each math warp once, after its last read of the tile).
+
+template <int PAGE_SIZE>
+__device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int kv_begin, int kv_end,
+                                        int num_tiles, int ptid) {
+  const int sub = ptid % 8, n0 = ptid / 8;
+  const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
+  const char* cache = static_cast<const char*>(a.kv_cache);
+  // This thread's rows n0 + 16 j of tile t: their pages, looked up one tile ahead (-1 past kv_end).
+  int32_t page[4], next_page[4];
+  auto lookup = [&](int t, int32_t (&pg)[4]) {
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int token = kv_begin + t * kBlockN + n0 + 16 * j;
+      pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
+    }
+  };
+  lookup(0, page);
+  for (int t = 0; t < num_tiles; ++t) {
+    if (t + 1 < num_tiles) lookup(t + 1, next_page);
+    const int stage = t % kStages;
+    wait_barrier(&s.kv_empty[stage], ((t / kStages) & 1) ^ 1);  // the first use of a stage does not wait
+    const uint32_t base = smem_u32(s.kv[stage]);
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int n = n0 + 16 * j;
+      const int token = kv_begin + t * kBlockN + n;
+      const bool valid = page[j] >= 0;
+      const char* src = valid ? cache + int64_t(page[j]) * a.kv_stride_page + int64_t(token % PAGE_SIZE) * a.kv_stride_token
+                              : cache;
+      CUTE_UNROLL
+      for (int c = 0; c < kSlots; ++c) {
+        if (c == kSlots - 1 && sub >= 4) continue;  // the RoPE slot: 64 bytes
+        cp_async_16_zfill(base + tile_offset(n, c * 128 + sub * 16, kBlockN), src + (valid ? c * 128 + sub * 16 : 0),
+                          valid);
+      }
+    }
+    cp_async_arrive_noinc(&s.kv_full[stage]);
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) page[j] = next_page[j];
+  }
+  cp_async_wait_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The math warpgroups' wgmma pieces.
+
+// S [64 x 64] = Q8 [64 x 576] K8^T over the 18 k-steps (shared-memory operands).
+__device__ __forceinline__ void issue_s(const Storage& s, int stage, float (&d)[32]) {
+  Tensor sq = make_tensor(make_smem_ptr(s.q), LayoutTile{});
+  Tensor sk = make_tensor(make_smem_ptr(s.kv[stage]), LayoutTile{});
+  CUTE_UNROLL
+  for (int i = 0; i < 32; ++i) warpgroup_fence_operand(d[i]);
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const uint64_t da = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sq, Shape<_64, _32>{}, make_coord(0, ks))));
+    const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sk, Shape<_64, _32>{}, make_coord(0, ks))));
+    SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(
+        da, db, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15],
+        d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],
+        ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+  }
+  warpgroup_commit_batch();
+}
+
+// The A registers of V^T for one (m-block, k-step) of this thread: ldmatrix.trans.x4 over the bytes
+// as 16-bit pairs (matrix j = lane / 8: tokens 8 j .. 8 j + 7 of the k-step, the warp's 16 dims), then
+// byte permutes. Fragment row m = 16 w + r (r < 8) holds dim 16 w + 2 r, row 16 w + 8 + r dim
+// 16 w + 2 r + 1 (pi); column k holds token sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
+// + (k & 1) (lab/fp8_vt_regs_probe.cu checks both against a byte-by-byte fill). addr: the thread's
+// row of 16 bytes (VtAddr).
+__device__ __forceinline__ void a_vt(uint32_t addr, uint32_t (&a)[4]) {
+  uint32_t r0, r1, r2, r3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+  a[0] = __byte_perm(r0, r1, 0x6420);
+  a[1] = __byte_perm(r0, r1, 0x7531);
+  a[2] = __byte_perm(r2, r3, 0x6420);
+  a[3] = __byte_perm(r2, r3, 0x7531);
+}
+
+// The ldmatrix addresses of a thread, as two bases and constants: the row is token 32 ks + 8 j + i
+// (j = lane / 8, i = lane % 8) and the 16 bytes are dims 64 (4 wg + mb) + 16 warp of the tile, so
+// tile_offset gives atom (4 ks + j) + 8 (2 wg + mb / 2) and chunk (4 (mb % 2) + warp) ^ i: the m-block's
+// parity picks one of two per-thread bases, the rest is an immediate.
+struct VtAddr {
+  uint32_t base[2];
+  __device__ __forceinline__ VtAddr(const Storage& s, int wg, int warp, int lane) {
+    const int j = lane / 8, i = lane % 8;
+    const uint32_t b = smem_u32(s.kv[0]) + uint32_t(j) * 1024u + uint32_t(i) * 128u + uint32_t(wg) * 16384u;
+    base[0] = b + (uint32_t(warp ^ i) << 4);
+    base[1] = b + (uint32_t((4 + warp) ^ i) << 4);
+  }
+  __device__ __forceinline__ uint32_t at(int stage, int mb, int ks) const {
+    return base[mb & 1] + uint32_t(stage) * uint32_t(sizeof(Storage::kv[0])) + uint32_t(ks) * 4096u +
+           uint32_t(mb >> 1) * 8192u;
+  }
+};
+
+// O^T [this warpgroup's 256 dims x 64 rows] += V^T P^T: 4 m-blocks x 2 k-steps of register-sourced
+// fp8 wgmma (m64 n64 k32), B = P^T of the stage.
+__device__ __forceinline__ void issue_pv(const Storage& s, int stage, const VtAddr& vt, float (&o)[4][32]) {
+  Tensor spt = make_tensor(make_smem_ptr(s.pt[stage]), LayoutPt{});
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) warpgroup_fence_operand(o[mb][i]);
+  }
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) {
+    CUTE_UNROLL
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t a[4];
+      a_vt(vt.at(stage, mb, ks), a);
+      const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(spt, Shape<_64, _32>{}, make_coord(0, ks))));
+      float(&d)[32] = o[mb];
+      SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(
+          a[0], a[1], a[2], a[3], db, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12],
+          d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28],
+          d[29], d[30], d[31], GMMA::ScaleOut::One);
+    }
+  }
+  warpgroup_commit_batch();
+}
+
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&x)[N]) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) warpgroup_fence_operand(x[i]);
+}
+__device__ __forceinline__ void fence_o(float (&o)[4][32]) {
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) fence_acc(o[mb]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The softmax on S (element i of a thread's S fragment: row row0 + 8 ((i >> 1) & 1), column (i >> 2) * 8
+// + 2 (lane % 4) + (i & 1)) and the per-column state of O^T (a thread's O^T columns, i.e. query rows:
+// c(jj) = 8 (jj >> 1) + 2 (lane % 4) + (jj & 1), jj < 16, element o[mb][4 (jj >> 1) + (jj & 1) + 2 e]
+// for dims e = 0, 1).
+
+struct Math {
+  int wg, warp, lane, row0;
+  int kv_begin;
+  int key_limit[2];
+  float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
+  int pt_base, pt_swz;   // exp_store_pt: row0 * 64 + 4 (lane % 4), and (row0 >> 1) & 3
+};
+
+__device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
+
+// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..).
+__device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+  const int tile_start = c.kv_begin + tile * kBlockN;
+  CUTE_UNROLL
+  for (int i = 0; i < 32; ++i) {
+    const int r = (i >> 1) & 1;
+    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+    const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
+    S[i] = v;
+    tile_max[r] = fmaxf(tile_max[r], v);
+  }
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+  }
+}
+
+// The S-layout running max moves to m_new (as consumer_rows64.cuh advance_max): l takes the factor
+// alpha, which the tile's owner also publishes per row for O^T's columns.
+__device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_new)[2], float (&l)[2],
+                                             float (&m_sub)[2], float (&alpha)[2]) {
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
+    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    l[r] *= alpha[r];
+    m_run[r] = m_new[r];
+  }
+}
+
+// O^T's columns (query rows) times the factors the tile's owner published in `row_alpha`, skipped
+// when no column of the warp moved. Column of element i: o_col(2 (i >> 2) + (i & 1)).
+__device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row_alpha, int lane) {
+  float alpha[16];
+  bool moved = false;
+  CUTE_UNROLL
+  for (int jj = 0; jj < 16; jj += 2) {
+    const float2 f = *reinterpret_cast<const float2*>(row_alpha + o_col(jj, lane));
+    alpha[jj] = f.x;
+    alpha[jj + 1] = f.y;
+    moved |= f.x != 1.f || f.y != 1.f;
+  }
+  if (__any_sync(0xffffffff, moved)) {
+    CUTE_UNROLL
+    for (int mb = 0; mb < 4; ++mb) {
+      CUTE_UNROLL
+      for (int i = 0; i < 32; ++i) o[mb][i] *= alpha[2 * (i >> 2) + (i & 1)];
+    }
+  }
+}
+
+// P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step),
+// row sums of the unrounded P into l. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
+// 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
+// k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
+// thread's byte offset row0 * 64 + 4 q.
+__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
+                                             float (&l)[2], E4* pt) {
+  char* base = reinterpret_cast<char*>(pt) + c.pt_base;
+  CUTE_UNROLL
+  for (int i = 0; i < 32; i += 2) {
+    const int r = (i >> 1) & 1;
+    const float p0 = exp2f(S[i] - m_sub[r]);
+    const float p1 = exp2f(S[i + 1] - m_sub[r]);
+    l[r] += p0 + p1;
+    const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4) + 2 * ((i >> 2) & 1);
+    *reinterpret_cast<uint16_t*>(base + off) = e4m3x2(p0 * kPScale, p1 * kPScale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The seesaw over the CTA's tiles (consumer_rows64.cuh consume_two_stage, P V first: tile a's stage is
+// released before S(b) is issued).
+
+__device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, float (&o)[4][32], float (&m_run)[2],
+                                        float (&l_run)[2]) {
+  float m_new[2], m_sub[2], alpha[2], S[32];
+  const VtAddr vt(s, c.wg, c.warp, c.lane);
+  // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
+  // factors in row_alpha[t % 2] before its hand-over barrier (kBarMaxA / kBarMaxPB); the other
+  // warpgroup reads them right after that barrier. The owner writes them again for tile t + 2 only
+  // after the other's hand-over barrier of tile t + 1, which the other reaches past its reads. P^T of
+  // tile t lives in its stage until the producer refills it, after every math warp released the stage.
+  auto publish = [&](int st) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      if (c.lane % 4 == 0) s.row_max[st][c.row0 + 8 * r] = m_new[r];
+    }
+    advance_rows(m_run, m_new, l_run, m_sub, alpha);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
+    }
+  };
+  auto follow = [&](int st) {  // the other warpgroup's tile: its max for l, its factors for O^T
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[st][c.row0 + 8 * r];
+    advance_rows(m_run, m_new, l_run, m_sub, alpha);
+    rescale_cols(o, s.row_alpha[st], c.lane);
+  };
+  auto own_s = [&](int st, int tile) {
+    wait_barrier(&s.kv_full[st], (tile / kStages) & 1);
+    issue_s(s, st, S);
+    warpgroup_wait<0>();
+    fence_acc(S);
+    float tile_max[2];
+    scale_mask_rowmax(S, c, tile, tile_max);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m_run[r], tile_max[r]);
+  };
+  auto pv = [&](int st) {
+    issue_pv(s, st, vt, o);
+    warpgroup_wait<0>();
+    fence_o(o);
+    if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);
+  };
+  for (int i = 0; i < (num_tiles + 1) / 2; ++i) {
+    const bool has_b = 2 * i + 1 < num_tiles;
+    const int sa = (2 * i) % kStages, sb = sa + 1;  // the stages of tiles a = 2i and b = 2i + 1
+    if (c.wg == 0) {
+      // ---- tile a = 2i (stage 0): S, softmax, P^T, O^T += V^T P^T.
+      own_s(sa, 2 * i);
+      publish(0);
+      math_barrier_arrive(kBarMaxA);
+      exp_store_pt(S, c, m_sub, l_run, s.pt[sa]);
+      fence_proxy_async_shared();  // P^T stores -> wgmma reads
+      math_barrier_arrive(kBarPA);
+      warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
+      rescale_cols(o, s.row_alpha[0], c.lane);
+      pv(sa);
+      if (has_b) {
+        // ---- tile b: warpgroup 1's.
+        math_barrier(kBarMaxPB);
+        follow(1);
+        pv(sb);
+      }
+    } else {
+      // ---- tile a (warpgroup 0's).
+      math_barrier(kBarMaxA);
+      follow(0);
+      math_barrier(kBarPA);
+      pv(sa);
+      if (has_b) {
+        // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
+        own_s(sb, 2 * i + 1);
+        publish(1);
+        exp_store_pt(S, c, m_sub, l_run, s.pt[sb]);
+        fence_proxy_async_shared();
+        math_barrier_arrive(kBarMaxPB);
+        warpgroup_barrier(kBarOwnP + c.wg);
+        rescale_cols(o, s.row_alpha[1], c.lane);
+        pv(sb);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel of a variant of dtype fp8_e4m3_fast (launch.cuh): grid x = m_block + num_m_blocks * request,
+// y = split. With num_kv_splits > 1 each CTA writes its normalised 16-bit piece and lse to the workspace
+// and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
+
+template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
+  extern __shared__ char smem_raw[];
+  char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
+  Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
+  const MlaDecodeArgs& a = p.a;
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int st = 0; st < kStages; ++st) {
+      cutlass::arch::ClusterBarrier::init(&s.kv_full[st], kProducerThreads);
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], 4 * kNumWarpgroups);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < kProducerThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+    if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+  const int tid = threadIdx.x - kProducerThreads;
+  Math c;
+  c.wg = __shfl_sync(0xffffffff, tid / 128, 0);
+  c.warp = (tid % 128) / 32;
+  c.lane = tid % 32;
+  c.row0 = c.warp * 16 + c.lane / 4;
+  c.kv_begin = w.kv_begin;
+  c.pt_base = c.row0 * 64 + 4 * (c.lane % 4);
+  c.pt_swz = (c.row0 >> 1) & 3;
+  make_q<NUM_HEADS>(s, a, w.b, w.m_block, tid);
+  fence_proxy_async_shared();  // Q stores -> wgmma reads
+  math_barrier(kBarQ);
+  const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int qi = (w.m_block * kBlockM + c.row0 + 8 * r) / NUM_HEADS;
+    c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+    c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
+  }
+  float o[4][32];
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  if (w.num_tiles > 0) consume(s, c, w.num_tiles, o, m_run, l_run);
+
+  // Row sums of both warpgroups (S layout) and the final max (warpgroup 0's copy), then per O^T column:
+  // 1 / l and lse. row_max[0] is free: every warp is past its last hand-over read.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    if (c.lane % 4 == 0) s.row_sum[c.wg][c.row0 + 8 * r] = l_run[r];
+  }
+  math_barrier(kBarEnd);  // every hand-over read is done
+  if (c.wg == 0 && c.lane % 4 == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) s.row_max[0][c.row0 + 8 * r] = m_run[r];
+  }
+  math_barrier(kBarEnd);
+  const float nan = __int_as_float(0x7fc00000);
+  const bool split = a.num_kv_splits > 1;
+  CUTE_UNROLL
+  for (int jj = 0; jj < 16; ++jj) {
+    const int n = o_col(jj, c.lane);
+    const float l = s.row_sum[0][n] + s.row_sum[1][n];
+    const float inv = w.bad_len ? nan : (l > 0.f ? k_scale / (kPScale * l) : 0.f);
+    const int grow = w.m_block * kBlockM + n;
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    const QueryRow q = query_row(a, w.b, qi, h);
+    if (!q.valid) continue;
+    const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
+    Piece* dst;
+    if (split) {  // the piece (split, request) of the workspace, 16-bit rows (workspace.cuh)
+      const SplitWorkspace<Piece> ws = split_workspace<Piece>(a);
+      const int64_t ws_row = (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads + int64_t(qi) * a.num_heads + h;
+      dst = ws.o + ws_row * kHeadDimV;
+      if (c.wg == 0 && c.warp == 0 && c.lane < 4) ws.lse[ws_row] = lse;
+    } else {
+      dst = static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
+            int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
+      if (c.wg == 0 && c.warp == 0 && c.lane < 4) {
+        a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
+      }
+    }
+    CUTE_UNROLL
+    for (int mb = 0; mb < 4; ++mb) {
+      const int d0 = c.wg * 256 + mb * 64 + c.warp * 16 + 2 * (c.lane / 4);
+      const int i = 4 * (jj >> 1) + (jj & 1);
+      *reinterpret_cast<uint32_t*>(dst + d0) = pack2<Piece>(o[mb][i] * inv, o[mb][i + 2] * inv);
+    }
+  }
+  allow_dependent_launch<SPLIT>();
+}
+
+}  // namespace fast
+}  // namespace mla

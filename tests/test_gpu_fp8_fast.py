@@ -1,0 +1,148 @@
+"""fp8_mode="fast" (the fp8_e4m3_fast variants, templates/mla/fp8_fast.cuh) against the fp32 reference on
+the dequantized cache (skipped without an sm_90 GPU or without fast variants in the build).
+
+As tests/test_gpu_fp8.py: caches written the way engines write them (N(0, 0.1^2) values quantized with
+k_scale), the e4m3 NaN byte in unused slots, permuted block tables with junk past each request, outputs
+prefilled with NaN, q_len 1-4, forced splits, seq_lens mixing 0, 1 and page boundaries, k_scale 0.0625 /
+1 / 37.5 as a float and as a device tensor; plus varlen, a plan in a CUDA graph and the op. Tolerance:
+mla_variants.testing.FP8_FAST_TOLERANCE (q and P are rounded to e4m3; its comment has the error model).
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from mla_variants import (MLADecodePlan, MLAInputError, _binding, mla_decode, mla_decode_reference,  # noqa: E402
+                          mla_decode_varlen, mla_decode_varlen_reference)
+from mla_variants.testing import (FP8_FAST_TOLERANCE, capture_graph, compare, make_paged_case,  # noqa: E402
+                                  run_nan_prefilled)
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fast_keys():
+    try:
+        return sorted(k for k in _binding.library().table if k[2] == "fp8_e4m3_fast")
+    except Exception:  # no build: the parametrized tests are skipped ("got empty parameter set")
+        return []
+
+
+def _any_fast_key():
+    keys = _fast_keys()
+    if not keys:
+        pytest.skip("no fp8_e4m3_fast variant compiled")
+    return sorted(keys, key=lambda k: (k[1] != 64, k[0] != 128))[0]
+
+
+@pytest.mark.parametrize("key", _fast_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}_{'split' if k[3] else 'nosplit'}")
+def test_fast_variant_against_reference(key):
+    num_heads, page, _, split = key
+    g = torch.Generator().manual_seed(1000 * key[0] + key[1] + 7 * key[3])  # not hash(): it varies per process
+    for q_len, k_scale in ((1, 0.0625), (2, 37.5), (3, 1.0), (4, 1.0)):
+        lens = [0, 1, max(page - 1, 1), page, page + 1, 3000 + 37 * q_len]
+        case = make_paged_case(lens, num_heads, page, q_len, FP8, generator=g, k_scale=k_scale)
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                case.softmax_scale, k_scale=k_scale)
+        for n in ([1, 2, 7, 256] if split else [1]):
+            for scale_arg in (k_scale, torch.tensor([k_scale], device="cuda")):
+                out, lse = run_nan_prefilled(case, n, k_scale=scale_arg, fp8_mode="fast")
+                problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+                assert not problems, f"{key} q_len={q_len} k_scale={k_scale} splits={n}: {problems}"
+                assert torch.equal(out[0].float(), torch.zeros_like(out[0].float())) and torch.isneginf(lse[0]).all()
+
+
+def test_fast_mode_runs_its_own_kernel():
+    """The same call in both modes: the fast one rounds q and P to e4m3, so its result differs from the
+    exact one (which shows the fast kernel ran) while both match the reference."""
+    heads, page, _, _ = _any_fast_key()
+    case = make_paged_case([700, 4100, 33], heads, page, 1, FP8, generator=torch.Generator().manual_seed(2),
+                           k_scale=0.5)
+    assert [l.symbol for l in _binding.library().plan(heads, page, "fp8_e4m3_fast", True)] == [
+        f"mla_decode_h{heads}_p{page}_fp8_e4m3_fast_split"]
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
+    exact = run_nan_prefilled(case, 2, k_scale=0.5)
+    fast = run_nan_prefilled(case, 2, k_scale=0.5, fp8_mode="fast")
+    assert not compare(*fast, *ref, **FP8_FAST_TOLERANCE)
+    assert not torch.equal(exact[0], fast[0])
+
+
+def test_fast_mode_at_32_heads_or_fewer_runs_the_exact_variants():
+    """fp8_mode="fast" of at most 32 heads runs the fp8_e4m3 variants (codegen.variant.call_dtype): the same
+    launches as exact mode and bit-identical results."""
+    lib = _binding.library()
+    keys = sorted((k for k in lib.table if k[2] == "fp8_e4m3" and k[0] <= 32 and k[3]),
+                  key=lambda k: (k[0] != 16, k[1] != 64, k))
+    if not keys:
+        pytest.skip("no fp8_e4m3 split variant of at most 32 heads compiled")
+    heads, page, _, _ = keys[0]
+    assert lib.plan(heads, page, "fp8_e4m3_fast", True) == lib.plan(heads, page, "fp8_e4m3", True)
+    case = make_paged_case([700, 4100, 33], heads, page, 2, FP8, generator=torch.Generator().manual_seed(5),
+                           k_scale=0.5)
+    exact = run_nan_prefilled(case, 3, k_scale=0.5)
+    fast = run_nan_prefilled(case, 3, k_scale=0.5, fp8_mode="fast")
+    assert torch.equal(exact[0], fast[0]) and torch.equal(exact[1], fast[1])
+
+
+def test_fast_mode_with_a_16_bit_cache_is_refused():
+    heads, page, _, _ = _any_fast_key()
+    case = make_paged_case([100], heads, page, 1, torch.bfloat16, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' with a torch.bfloat16 kv_cache"):
+        mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, fp8_mode="fast")
+    with pytest.raises(MLAInputError, match="^fp8_mode: expected 'exact' or 'fast', got 'turbo'"):
+        mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, fp8_mode="turbo")
+
+
+def test_fast_varlen_against_reference():
+    heads, page, _, _ = _any_fast_key()
+    q_lens, seq_lens = [2, 0, 1, 4, 3, 4, 1], [1500, 0, 1, 3, 700, 4100, 65]
+    g = torch.Generator().manual_seed(heads + page)
+    case = make_paged_case(seq_lens, heads, page, 4, FP8, generator=g, k_scale=0.25)
+    q = torch.cat([case.q[b, : q_lens[b]] for b in range(len(q_lens))])
+    loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ref = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                      query_start_loc=loc, k_scale=0.25)
+    for splits in (None, 1, 7):
+        out = torch.full((q.shape[0], heads, 512), float("nan"), dtype=q.dtype, device="cuda")
+        lse = torch.full((heads, q.shape[0]), float("nan"), device="cuda")
+        mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                          max_q_len=4, num_kv_splits=splits, out=out, lse=lse, k_scale=0.25, fp8_mode="fast")
+        problems = compare(out[None].cpu(), lse[None].cpu(), ref[0][None].cpu(), ref[1][None].cpu(),
+                           **FP8_FAST_TOLERANCE)
+        assert not problems, f"splits {splits}: {problems}"
+
+
+def test_fast_plan_in_a_graph_follows_k_scale_and_growing_lengths():
+    heads, page, _, _ = _any_fast_key()
+    g = torch.Generator().manual_seed(11)
+    case = make_paged_case([1000, 64, 3500, 200], heads, page, 2, FP8, generator=g, k_scale=37.5)  # pages for the last step
+    case.seq_lens.copy_(torch.tensor([900, 0, 3000, 65], dtype=torch.int32))
+    plan = MLADecodePlan(4, heads, page, q_len=2, kv_dtype=FP8, max_seq_len=4096, fp8_mode="fast")
+    assert "fp8_mode='fast'" in repr(plan) and all("fast" in l.symbol for l in plan.launches)
+    scale = torch.tensor([37.5], device="cuda")
+    out = torch.full((4, 2, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((4, heads, 2), float("nan"), device="cuda")
+    step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+                     k_scale=scale)
+    graph = capture_graph(step)
+    for lens, value in (([900, 0, 3000, 65], 37.5), ([901, 1, 3001, 66], 37.5), ([1000, 64, 3500, 200], 2.0)):
+        case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        scale.fill_(value)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                   k_scale=value)
+        problems = compare(out, lse, *ref, **FP8_FAST_TOLERANCE)
+        assert not problems, f"lens {lens} k_scale {value}: {problems}"
+
+
+def test_fast_op_matches_the_call():
+    heads, page, _, _ = _any_fast_key()
+    case = make_paged_case([700, 64], heads, page, 1, FP8, generator=torch.Generator().manual_seed(4), k_scale=0.5)
+    scale = torch.tensor([0.5], device="cuda")
+    q_nope, q_pe = case.q[..., :512], case.q[..., 512:]
+    out, lse = torch.ops.mla_variants.mla_decode(q_nope, q_pe, case.kv_cache, case.block_table, case.seq_lens,
+                                                 case.softmax_scale, 2, scale, "fast")
+    ref_out, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                  num_kv_splits=2, k_scale=scale, fp8_mode="fast")
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
