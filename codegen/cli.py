@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import itertools
 import json
 import os
 import sys
 from pathlib import Path
 
 from .build import LIBRARY_NAME, BuildError, build, echo_flush
-from .config import AXES, ConfigError, load_config
+from .config import ConfigError, load_config, raw_product
 from .manifest import ManifestError, load_manifest
 from .paths import default_build_dir, default_config, default_generated_dir
 from .render import render, write_manifest
@@ -62,8 +61,7 @@ def _selected(args) -> list[Variant]:
             raise ConfigError(config.path, config.excluded_by(v)[0].line, message)
         echo_flush(f"note: {message}")
     # --filter patterns that match only variants no call dispatches to (call_dtype), so none is ever built
-    never = [Variant(h, p, d, s) for h, p, d, s in itertools.product(*(selection.axes[a] for a in AXES))
-             if call_dtype(d, h) != d]
+    never = [v for v in raw_product(selection.axes) if call_dtype(v.dtype, v.num_heads) != v.dtype]
     for pat in args.filter or ():
         hit = select(never, [pat]) if not select(chosen, [pat]) and pat not in left_out else []
         if hit:

@@ -101,14 +101,14 @@ class ExcludeRule:
         return all(fields[axis] in vals for axis, vals in self.values.items())
 
 
-def _raw_product(axes: dict[str, tuple]) -> list[Variant]:
+def raw_product(axes: dict[str, tuple]) -> list[Variant]:
     """Every combination of the axes, including variants no call dispatches to."""
     return [Variant(h, p, d, s) for h, p, d, s in itertools.product(*(axes[a] for a in AXES))]
 
 
 def _product(axes: dict[str, tuple], exclude: tuple = ()) -> list[Variant]:
     # A variant no call dispatches to is not a variant (call_dtype: fp8_e4m3_fast at most 32 heads).
-    out = {v for v in _raw_product(axes) if call_dtype(v.dtype, v.num_heads) == v.dtype}
+    out = {v for v in raw_product(axes) if call_dtype(v.dtype, v.num_heads) == v.dtype}
     return sorted((v for v in out if not any(r.drops(v) for r in exclude)), key=lambda v: v.name)
 
 
@@ -269,7 +269,7 @@ def parse_config(text: str, path: str = "variants.yaml") -> Config:
                         r.fail(item, f"exclude[{i}].{axis}: {val!r} is not in axes.{axis} {list(axes[axis])} "
                                      f"(line {axis_lines[axis]}), so the rule can never apply; remove it here")
             exclude.append(ExcludeRule(vals, _line(rule)))
-            if not any(exclude[-1].drops(v) for v in _raw_product(axes)):
+            if not any(exclude[-1].drops(v) for v in raw_product(axes)):
                 r.fail(rule, f"exclude[{i}]: matches no variant of the axes (e.g. a path no head count in "
                              f"axes.num_heads runs), so the rule can never apply; remove it")
         if not _product(axes, tuple(exclude)):
