@@ -1,7 +1,7 @@
 """The README's result tables and the issues' target checks, from benchmarks/bench.py result files.
 
-    python lab/report.py docs/bench/v3.27.json [--fp8 docs/bench/v3.27-fp8.json]
-                                [--fp8-peers docs/bench/v3.27-fp8-peers.json]
+    python lab/report.py docs/bench/v3.28.json [--fp8 docs/bench/v3.28-fp8.json]
+                                [--fp8-peers docs/bench/fp8-exact-mode.json]
 
 The first file is a bf16 run over the 200 anchor cases (bench.py --check --json ...). With --fp8 (the
 same 200 cases with an fp8 cache, bench.py --dtype fp8_e4m3 --anchors .../anchors-h200.json) the fp8
