@@ -24,6 +24,7 @@
 
 #include "arch.cuh"
 #include "config.cuh"
+#include "epilogue.cuh"  // copy_staged_rows
 #include "params.cuh"
 #include "workspace.cuh"
 
@@ -521,37 +522,73 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     for (int r = 0; r < 2; ++r) s.row_max[0][c.row0 + 8 * r] = m_run[r];
   }
   math_barrier(kBarEnd);
+  // Per row n, by thread n of the math warps: lse, and O's factor 1 / l (times k_scale / kPScale) into
+  // row_alpha[0] (free: every hand-over read is done).
   const float nan = __int_as_float(0x7fc00000);
   const bool split = a.num_kv_splits > 1;
-  CUTE_UNROLL
-  for (int jj = 0; jj < 16; ++jj) {
-    const int n = o_col(jj, c.lane);
-    const float l = s.row_sum[0][n] + s.row_sum[1][n];
-    const float inv = w.bad_len ? nan : (l > 0.f ? k_scale / (kPScale * l) : 0.f);
-    const int grow = w.m_block * kBlockM + n;
+  if (tid < kBlockM) {
+    const int n = tid, grow = w.m_block * kBlockM + n;
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
     const QueryRow q = query_row(a, w.b, qi, h);
-    if (!q.valid) continue;
+    const float l = s.row_sum[0][n] + s.row_sum[1][n];
+    s.row_alpha[0][n] = w.bad_len ? nan : (l > 0.f ? k_scale / (kPScale * l) : 0.f);
     const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
-    Piece* dst;
-    if (split) {  // the piece (split, request) of the workspace, 16-bit rows (workspace.cuh)
-      const SplitWorkspace<Piece> ws = split_workspace<Piece>(a);
-      const int64_t ws_row = (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads + int64_t(qi) * a.num_heads + h;
-      dst = ws.o + ws_row * kHeadDimV;
-      if (c.wg == 0 && c.warp == 0 && c.lane < 4) ws.lse[ws_row] = lse;
-    } else {
-      dst = static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
-            int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
-      if (c.wg == 0 && c.warp == 0 && c.lane < 4) {
-        a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
-      }
+    if (q.valid && split) {
+      split_workspace<Piece>(a).lse[(int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads +
+                                    int64_t(qi) * a.num_heads + h] = lse;
+    } else if (q.valid) {
+      a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
+    }
+  }
+  // Normalised O: each warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in ring
+  // stage wg (every read of the ring is done: kBarEnd above), the row-major layout copy_staged_rows
+  // reads (16-byte chunk c of row r at c ^ (r % 8); a warp's 32 stores per (jj, mb) hit 32 distinct
+  // banks), then copies whole rows out in a rolled loop: the epilogue runs once per CTA, so its code
+  // is kept small (a cold call fetches it from DRAM).
+  char* stage = reinterpret_cast<char*>(s.kv[c.wg]);
+  math_barrier(kBarEnd);  // every row's factor is in row_alpha[0]
+  {
+    // O^T column o_col(jj) = row 8 (jj >> 1) + n_lo, n_lo = 2 (lane % 4) + (jj & 1); dims d, d + 1 with
+    // d = 64 mb + 16 warp + 2 (lane / 4): chunk 8 mb + 2 warp + lane / 16, byte 4 ((lane / 4) % 4).
+    const uint32_t chunk = uint32_t(2 * c.warp + c.lane / 16), byte = 4u * ((uint32_t(c.lane) / 4u) % 4u);
+    char* base[2];
+    CUTE_UNROLL
+    for (int odd = 0; odd < 2; ++odd) {
+      const uint32_t n_lo = 2u * (uint32_t(c.lane) % 4u) + uint32_t(odd);
+      base[odd] = stage + n_lo * 512u + ((chunk ^ n_lo) * 16u) + byte;
     }
     CUTE_UNROLL
-    for (int mb = 0; mb < 4; ++mb) {
-      const int d0 = c.wg * 256 + mb * 64 + c.warp * 16 + 2 * (c.lane / 4);
+    for (int jj = 0; jj < 16; ++jj) {
+      const float inv = s.row_alpha[0][o_col(jj, c.lane)];
       const int i = 4 * (jj >> 1) + (jj & 1);
-      *reinterpret_cast<uint32_t*>(dst + d0) = pack2<Piece>(o[mb][i] * inv, o[mb][i + 2] * inv);
+      CUTE_UNROLL
+      for (int mb = 0; mb < 4; ++mb) {
+        *reinterpret_cast<uint32_t*>(base[jj & 1] + (jj >> 1) * 8 * 512 + mb * 128) =
+            pack2<Piece>(o[mb][i] * inv, o[mb][i + 2] * inv);
+      }
     }
+  }
+  warpgroup_barrier(kBarOwnP + c.wg);
+  const int64_t piece0 = (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads;
+  auto dst_of = [&](uint32_t row) -> char* {
+    const int grow = w.m_block * kBlockM + int(row);
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    const QueryRow q = query_row(a, w.b, qi, h);
+    if (!q.valid) return nullptr;
+    Piece* dst = split ? split_workspace<Piece>(a).o + (piece0 + int64_t(qi) * a.num_heads + h) * kHeadDimV
+                       : static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
+                             int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
+    return reinterpret_cast<char*>(dst + c.wg * (kHeadDimV / kNumWarpgroups));
+  };
+  // Workspace rows are 16-byte aligned (launch.cuh checks the workspace); out rows may be 8-byte only.
+  const bool aligned16 =
+      split || ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Piece) |
+                 uintptr_t(a.out_stride_token) * sizeof(Piece) | uintptr_t(a.out_stride_head) * sizeof(Piece)) %
+                16) == 0;
+  if (aligned16) {
+    copy_staged_rows<Piece, true>(stage, tid % 128, dst_of);
+  } else {
+    copy_staged_rows<Piece, false>(stage, tid % 128, dst_of);
   }
   allow_dependent_launch<SPLIT>();
 }
