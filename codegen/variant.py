@@ -53,7 +53,8 @@ class PathFacts:
     rows_per_cta: query rows (q_len x heads) per CTA of the variant's own kernel: 8 / 16 / 32 on the
         transposed path (at most 32 heads), 64 on the 64-row path and for fp8_e4m3_fast variants at every
         head count (their one kernel, templates/mla/fp8_fast.cuh, masks the rows of missing heads).
-    second_kernel: None, "short_split" (fp8 split variants of the 64-row path: 32-token tiles) or "rows64"
+    second_kernel: None, "short_split" (fp8 split variants of the 64-row path, exact and fast alike: the
+        exact kernel with 32-token tiles; docs/design.md 3.3 for why fast variants run it) or "rows64"
         (transposed bf16/fp16 variants: the 64-row kernel); it runs instead of the own kernel when every
         split of a launch holds at most second_max_split_keys keys (0: never for that reason; 17..32-head
         bf16/fp16 variants run the 64-row kernel below ST32_MIN_KEYS) with second_rows_per_cta rows per
@@ -81,8 +82,9 @@ class PathFacts:
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
-        if dtype == FP8_FAST:  # one kernel at every head count: 64 rows, cp.async, no second kernel
-            return cls(rows_per_cta=ROWS_64, second_kernel=None, second_max_split_keys=0, tma=False,
+        if dtype == FP8_FAST:  # the fast kernel: 64 rows, cp.async; short splits run the exact short-split one
+            return cls(rows_per_cta=ROWS_64, second_kernel="short_split" if split else None,
+                       second_max_split_keys=FP8_SHORT_SPLIT_KEYS if split else 0, tma=False,
                        second_tma=False, balanced_schedule=False)
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS

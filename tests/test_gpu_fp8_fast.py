@@ -66,6 +66,26 @@ def test_fast_mode_runs_its_own_kernel():
     assert not torch.equal(exact[0], fast[0])
 
 
+def test_fast_mode_runs_the_exact_short_split_kernel_on_splits_of_at_most_128_keys():
+    """A fast split variant's second kernel is the exact fp8 short-split one (config.cuh VariantTraits;
+    faster on such splits, docs/design.md 3.3): with every split at most 128 keys both modes launch
+    the same kernels, so their results are bit-identical, and they match the reference."""
+    heads, page, _, split = _any_fast_key()
+    if not split:
+        pytest.skip("no split fast variant compiled")
+    facts = _binding.library().plan(heads, page, "fp8_e4m3_fast", True)[0].facts
+    assert facts.second_kernel == "short_split" and facts.second_max_split_keys == 128
+    case = make_paged_case([700, 4100, 33], heads, page, 1, FP8, generator=torch.Generator().manual_seed(4),
+                           k_scale=0.5)
+    assert facts.runs_second(4100, 33) and not facts.runs_second(4100, 32)  # 2 and 3 tiles a split
+    ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, k_scale=0.5)
+    for n, same in ((33, True), (32, False)):
+        exact = run_nan_prefilled(case, n, k_scale=0.5)
+        fast = run_nan_prefilled(case, n, k_scale=0.5, fp8_mode="fast")
+        assert not compare(*fast, *ref, **FP8_FAST_TOLERANCE), n
+        assert (torch.equal(exact[0], fast[0]) and torch.equal(exact[1], fast[1])) == same, n
+
+
 def test_fast_mode_at_32_heads_or_fewer_runs_the_exact_variants():
     """fp8_mode="fast" of at most 32 heads runs the fp8_e4m3 variants (codegen.variant.call_dtype): the same
     launches as exact mode and bit-identical results."""

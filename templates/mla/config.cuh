@@ -157,21 +157,23 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !Ca
 
 // A variant's second kernel, compiled in its second translation unit (second_kernel.cuh) and launched
 // instead of its own when every split of the launch holds at most kSecondMaxSplitKeys keys:
-// - kShortSplit: fp8 split variants of the 64-row path, 32-token tiles in four stages (kFp8ShortSplitKeys);
+// - kShortSplit: fp8 split variants of the 64-row path, exact and fast alike: the exact kernel with
+//   32-token tiles in four stages (kFp8ShortSplitKeys);
 // - kRows64: transposed 16-bit variants, the 64-row kernel beside their transposed ones. It runs for
 //   requests of more than kStMaxRows rows (rows_for) and, at 17..32 heads, for splits of fewer than
 //   kSt32MinKeys keys.
 enum class SecondKernel : int { kNone = 0, kShortSplit = 1, kRows64 = 2 };
 
-// A fast-mode variant (CacheTypes::kFast) at any head count runs the one fp8 fast kernel: 64 rows per
-// CTA (rows of missing heads masked), no second kernel, cp.async loads, no balanced schedule.
+// A fast-mode variant (CacheTypes::kFast) runs the fp8 fast kernel: 64 rows per CTA (rows of missing
+// heads masked), cp.async loads, no balanced schedule; a split one runs the exact fp8 short-split
+// kernel as its second kernel (second_kernel.cuh), which is faster on splits that short.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 struct VariantTraits {
   static constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
   static constexpr bool kFast = CacheTypes<Cache>::kFast;
   static constexpr int kRows = kFast ? kBlockM : kRowBlock<NUM_HEADS, kFp8>;
   static constexpr int kMaxRows = kFast ? kBlockM : kMaxRowBlock<NUM_HEADS, kFp8>;
-  static constexpr SecondKernel kSecond = kFast                                        ? SecondKernel::kNone
+  static constexpr SecondKernel kSecond = kFast                                        ? (SPLIT ? SecondKernel::kShortSplit : SecondKernel::kNone)
                                           : kUseSt<NUM_HEADS, kFp8> && !kFp8           ? SecondKernel::kRows64
                                           : !kUseSt<NUM_HEADS, kFp8> && kFp8 && SPLIT ? SecondKernel::kShortSplit
                                                                                        : SecondKernel::kNone;

@@ -190,8 +190,12 @@ int launch(const MlaDecodeArgs* args) {
   const dim3 grid(unsigned(grid_x), grid_y, 1);
   cudaError_t err = cudaSuccess;
   if constexpr (CacheTypes<Cache>::kFast) {
-    err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid,
-                                              stream);
+    if (second) {
+      if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
+    } else {
+      err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p,
+                                                grid, stream);
+    }
   } else {
     auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
     if constexpr (Facts::kBalanced) {

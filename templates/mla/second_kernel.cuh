@@ -3,8 +3,8 @@
 // schedules each kernel as it would alone. launch.cuh declares launch_second and calls it when every
 // split of a launch holds at most the variant's kSecondMaxSplitKeys keys, or for kRows64 when a
 // request's q_len x NUM_HEADS rows exceed kStMaxRows:
-// - kShortSplit (fp8 split variants of the 64-row path): 32-token tiles in four stages, S first
-//   (mla_decode_kernel<..., SHORT = true>);
+// - kShortSplit (fp8 split variants of the 64-row path, exact and fast): 32-token tiles in four
+//   stages, S first (mla_decode_kernel<cutlass::float_e4m3_t, ..., SHORT = true>);
 // - kRows64 (transposed bf16/fp16 variants, at most 32 heads): the 64-row kernel
 //   (mla_decode_kernel<..., ROWS = kBlockM>).
 #pragma once
@@ -16,9 +16,13 @@ template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
 cudaError_t launch_second(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   using Traits = VariantTraits<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
   if constexpr (Traits::kSecond == SecondKernel::kShortSplit) {
-    using ShortStorage = KernelStorage<Cache, kBlockM, true>;
-    static_assert(ShortStorage::kThreads == KernelStorage<Cache, Traits::kRows>::kThreads, "one block size per variant");
-    return launch_decode_kernel<ShortStorage>(mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, true, false, true>, p, grid,
+    // The exact fp8 kernel also for a fast-mode variant (the same cache bytes, q and out; its 16-bit
+    // pieces are the fast kernel's type at >= kPartial16MinHeads heads, the only fast head counts).
+    using Exact = std::conditional_t<CacheTypes<Cache>::kFast, cutlass::float_e4m3_t, Cache>;
+    using ShortStorage = KernelStorage<Exact, kBlockM, true>;
+    static_assert(CacheTypes<Cache>::kFast || ShortStorage::kThreads == KernelStorage<Cache, Traits::kRows>::kThreads,
+                  "one block size per variant");
+    return launch_decode_kernel<ShortStorage>(mla_decode_kernel<Exact, NUM_HEADS, PAGE_SIZE, true, false, true>, p, grid,
                                               stream);
   } else if constexpr (Traits::kSecond == SecondKernel::kRows64) {
     return launch_decode_kernel<KernelStorage<Cache, kBlockM>>(
