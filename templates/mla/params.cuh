@@ -55,13 +55,14 @@ __device__ __forceinline__ QueryRow query_row(const MlaDecodeArgs& a, int b, int
 // b's first token in a varlen launch (its q_len_b = query_start_loc[b + 1] - query_start_loc[b] is below
 // the launch's q_len): such a CTA reads no keys and, query_row placing none of its rows, stores
 // nothing (out, lse and workspace pieces are all stored through query_row).
-// Both roles of a CTA evaluate it alike. A malformed request's rows, which query_row never places, may
-// or may not count as empty; either way nothing of them is stored.
+// Both roles of a CTA evaluate it alike. It is query_row of the block's last query position: every
+// block of a request that query_row never places (its tokens not within 0..total_q_tokens, or more
+// than q_len of them) counts as empty too, and query_row's checks come before any subtraction.
 template <int NUM_HEADS, int ROWS>
 __device__ __forceinline__ bool row_block_empty(const MlaDecodeArgs& a, int b, int m_block) {
   if (a.query_start_loc == nullptr) return false;
   const int last_qi = min(a.q_len - 1, (m_block * ROWS + ROWS - 1) / NUM_HEADS);
-  return last_qi < a.q_len - (__ldg(a.query_start_loc + b + 1) - __ldg(a.query_start_loc + b));
+  return !query_row(a, b, last_qi, 0).valid;  // head 0 < num_heads: only the request's tokens decide
 }
 
 // The calling CTA's phase-trace sink for thread `thread` (trace.cuh); a no-op unless MLA_TRACE.
