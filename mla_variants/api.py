@@ -80,8 +80,9 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         math on exactly widened cache values, as described under k_scale) or "fast" (the fp8_e4m3_fast
         variants, fp8 tensor-core math: each query row is rounded to e4m3 with its own power-of-2 scale
         and P to e4m3 times 2^8, accumulation in fp32; docs/design.md 3.3 has the error model and
-        README the tolerance); at 32 heads or fewer "fast" runs the fp8_e4m3 variants, with exact mode's
-        results (codegen.variant.call_dtype). "fast" with a 16-bit cache is an MLAInputError naming fp8_mode.
+        README the tolerance); at 32 heads or fewer "fast" runs the fp8_e4m3 variants, and a launch whose
+        splits hold at most 128 keys runs the exact short-split kernel; both give exact mode's results
+        (codegen.variant.call_dtype, PathFacts). "fast" with a 16-bit cache is an MLAInputError naming fp8_mode.
       out, lse, workspace: when given, must not share memory with q, kv_cache, block_table, seq_lens,
         k_scale or each other (MLAInputError otherwise).
       tma: how kernels that load whole 64-token pages by TMA (the 64-row kernels at page sizes that are
