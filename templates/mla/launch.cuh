@@ -213,10 +213,14 @@ int launch(const MlaDecodeArgs* args) {
 
   if (combine_rows > 0) {
     using Out = typename CacheTypes<Cache>::Out;
-    // The fast kernel's pieces are fast::Piece (16-bit) at every head count (fp8_fast.cuh).
-    using P = std::conditional_t<CacheTypes<Cache>::kFast, fast::Piece, Partial<Out, NUM_HEADS>>;
+    // The fast kernel's pieces are fast::Piece (16-bit) at every head count (fp8_fast.cuh); the exact
+    // kernels' (a fast variant's second kernel too) are Partial: fp32 below kPartial16MinHeads heads.
     static_assert(!CacheTypes<Cache>::kFast || std::is_same_v<Out, fast::Piece>, "the fast kernel stores out as fast::Piece");
-    err = launch_combine<Out, P>(a, stream, combine_rows, scheduled, wide_combine);
+    if (CacheTypes<Cache>::kFast && !second) {
+      err = launch_combine<Out, fast::Piece>(a, stream, combine_rows, scheduled, wide_combine);
+    } else {
+      err = launch_combine<Out, Partial<Out, NUM_HEADS>>(a, stream, combine_rows, scheduled, wide_combine);
+    }
   }
   if (err == cudaSuccess && a.query_start_loc != nullptr && a.total_q_tokens > 0) {  // combine.cuh
     const unsigned blocks = unsigned((int64_t(a.total_q_tokens) + kVarlenFillTokens - 1) / kVarlenFillTokens);
