@@ -89,17 +89,33 @@ def _variant_of_mangled(symbol: str) -> Variant | None:
     return Variant(int(m.group(1)), int(m.group(2)), dtype, m.group(3) == "1")
 
 
+def _variant_of_unit(stem: str) -> Variant | None:
+    """The variant whose unit (Variant.units) an object's stem names, e.g. <name>_second; None for the
+    library-wide units (exports, schedule)."""
+    try:
+        return Variant.from_name(stem.removesuffix("_second"))
+    except ValueError:
+        return None
+
+
 def parse_resource_usage(log: str) -> dict[str, dict]:
     """Map variant name -> {registers, stack_bytes, spill_store_bytes, spill_load_bytes} from ptxas -v output,
     plus wgmma_serialized (ptxas's codes, e.g. ["C7511"]) for a variant one of whose kernels ptxas
     serializes the wgmma pipeline in. A variant has several kernels (the balanced-schedule instantiation
     in its unit; the fp8 short-split one or the 64-row one of a 17..32-head 16-bit variant in its second
-    unit, Variant.units): each field is the largest over them, so a spill in any kernel shows."""
+    unit, Variant.units): each field is the largest over them, so a spill in any kernel shows.
+    A kernel counts for the variant whose unit compiled it (ninja prints a unit's "Building CUDA object"
+    line before its ptxas output), so the exact short-split kernel of an fp8_e4m3_fast variant's second
+    unit counts for that variant; without such a line, for the variant its mangled name spells."""
     usage: dict[str, dict] = {}
+    unit: Variant | None = None
     current: Variant | None = None
     for line in log.splitlines():
+        if (m := _OBJ_RE.search(line)):
+            unit, current = _variant_of_unit(m.group(3)), None
+            continue
         if (m := _SERIALIZED_RE.search(line)) and (v := _variant_of_mangled(m.group(2))) is not None:
-            codes = usage.setdefault(v.name, {}).setdefault("wgmma_serialized", [])
+            codes = usage.setdefault((unit or v).name, {}).setdefault("wgmma_serialized", [])
             if m.group(1) not in codes:
                 codes.append(m.group(1))
                 codes.sort()
@@ -107,6 +123,8 @@ def parse_resource_usage(log: str) -> dict[str, dict]:
         m = _ENTRY_RE.search(line)
         if m:
             current = _variant_of_mangled(m.group(1))
+            if current is not None and unit is not None:
+                current = unit
             continue
         if current is None:
             continue

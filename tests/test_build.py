@@ -171,6 +171,23 @@ def test_resource_usage_takes_the_worst_kernel_of_a_variant():
         "registers": 168, "stack_bytes": 8, "spill_store_bytes": 8, "spill_load_bytes": 8}}
 
 
+def test_resource_usage_counts_a_kernel_for_the_unit_that_compiled_it():
+    """An fp8_e4m3_fast split variant's second unit compiles the exact short-split kernel, whose mangled
+    name spells the fp8_e4m3 variant: its spill must count for the fast variant (the unit's), and with no
+    unit line the mangled name decides."""
+    short = "_ZN3mla17mla_decode_kernelIN7cutlass12float_e4m3_tELi128ELi64ELb1ELb0ELb1ELi64EEEvNS_12DecodeParamsE"
+    ptxas = (f"ptxas info    : Compiling entry function '{short}' for 'sm_90a'\n"
+             "    16 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads\n"
+             "ptxas info    : Used 168 registers, used 1 barriers\n")
+    unit = ("[2/5] Building CUDA object CMakeFiles/mla_variants.dir/tmp/g/variants/"
+            "mla_decode_h128_p64_fp8_e4m3_fast_split_second.cu.o\n")
+    record = {"registers": 168, "stack_bytes": 16, "spill_store_bytes": 16, "spill_load_bytes": 16}
+    assert parse_resource_usage(unit + ptxas) == {"mla_decode_h128_p64_fp8_e4m3_fast_split": record}
+    assert parse_resource_usage(ptxas) == {"mla_decode_h128_p64_fp8_e4m3_split": record}
+    exports = "[4/5] Building CUDA object CMakeFiles/mla_variants.dir/tmp/g/exports.cu.o\n"
+    assert parse_resource_usage(unit + exports + ptxas) == {"mla_decode_h128_p64_fp8_e4m3_split": record}
+
+
 SERIALIZED_NOTE = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized "
                    "due to insufficient register resources for the wgmma pipeline in the function "
                    "'_ZN3mla17mla_decode_kernelIN7cutlass10bfloat16_tELi128ELi64ELb1ELb0ELb0ELi64EEEvNS_12DecodeParamsE'\n")
