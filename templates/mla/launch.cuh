@@ -189,25 +189,19 @@ int launch(const MlaDecodeArgs* args) {
 
   const dim3 grid(unsigned(grid_x), grid_y, 1);
   cudaError_t err = cudaSuccess;
-  if constexpr (CacheTypes<Cache>::kFast) {
-    if (second) {
-      if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
-    } else {
-      err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p,
-                                                grid, stream);
-    }
+  if (second) {  // the variant's second kernel (second_kernel.cuh), fast variants' included
+    if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
+  } else if constexpr (CacheTypes<Cache>::kFast) {
+    err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid,
+                                              stream);
+  } else if constexpr (Facts::kMaxRows > Facts::kRows) {
+    err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
   } else {
     auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
     if constexpr (Facts::kBalanced) {
       if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
     }
-    if (second) {
-      if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
-    } else if constexpr (Facts::kMaxRows > Facts::kRows) {
-      err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
-    } else {
-      err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
-    }
+    err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
   }
   if (err != cudaSuccess) return int(err);
 
