@@ -96,7 +96,8 @@ class MLADecodePlan:
         self.fp8_mode = fp8_mode
         self.launches, self.num_kv_splits = choose_launches(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
-        # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
+        # The balanced schedule (schedule()): one launch of a split variant whose facts allow it (the 64-row
+        # path of a 16-bit cache, or fp8 fast mode above 32 heads).
         if not isinstance(balanced, bool):
             fail("balanced", "a bool", shown(balanced))
         if balanced and max_batch > 2**20:
@@ -106,9 +107,9 @@ class MLADecodePlan:
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
-        if balanced and self.kv_dtype is dtype:
+        if balanced:
             try:
-                sl = _binding.library().plan(num_heads, page_size, Q_DTYPES[dtype], True)
+                sl = _binding.library().plan(num_heads, page_size, shape.key_dtype, True)
             except VariantNotCompiledError:
                 sl = None
             if sl is not None and len(sl) == 1 and sl[0].facts.balanced_schedule:
@@ -127,7 +128,8 @@ class MLADecodePlan:
     @property
     def balanced(self) -> bool:
         """Whether :meth:`schedule` applies to this plan: made with balanced=True, one split variant of more
-        than 32 heads (the 64-row kernel path), a 16-bit cache."""
+        than 32 heads (the 64-row kernel path) with a 16-bit cache, or with an fp8 cache in fp8_mode="fast"
+        (the fast kernel's own scheduled instantiation; exact mode has none)."""
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,

@@ -1,6 +1,6 @@
 """Design checks that run on the host (no GPU): the protocol simulations of the KV rings
-(tests/design/seesaw_protocol_sim.py for the 64-row path, st_ring_protocol_sim.py for the transposed
-path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
+(tests/design/seesaw_protocol_sim.py for the 64-row path, fast_ring_protocol_sim.py for the fp8 fast
+kernel, st_ring_protocol_sim.py for the transposed path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
 index math against CuTe's layouts (tile_layout_check.cu for the 64-row path, st_layout_check.cu for the
 transposed one), compiled against templates/mla/layouts.cuh. They check the design, not the compiled
 kernels: the GPU tests do that. (The device recipes and diagnostics live in lab/, with their own tests.)"""
@@ -35,6 +35,27 @@ def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, conf
     copy warps without their named barrier are each reported in every configuration they apply to."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
+    capsys.readouterr()
+
+
+def test_fast_ring_protocol_simulation_passes(capsys):
+    """The fp8 fast kernel's ring, seesaw and epilogue, uniform (one segment of 1-12 tiles) and on the
+    balanced schedule (segments of 0-9 tiles, each from stage 0 with the stages' parities carried): no
+    deadlock, stale or lapped phase, over-arrival, read of the wrong data or unbalanced barrier (6
+    random interleavings per case and policy here; the script's default is 200)."""
+    sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
+    assert sim["main"](6) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count(" OK: ") == 2, out
+
+
+@pytest.mark.parametrize("mutation", ["no_phase_carry", "no_segment_bar", "stage_in_ring"])
+def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation):
+    """The simulation can fail: a scheduled walk that does not carry the stages' parities, math
+    warpgroups that do not meet between segments, and O staged in the ring (which the producer is
+    already refilling) are each reported."""
+    sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
+    assert sim["main"](3, mutation=mutation) == 1, capsys.readouterr().out
     capsys.readouterr()
 
 

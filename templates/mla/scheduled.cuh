@@ -1,6 +1,8 @@
 // The balanced schedule's walk inside the decode kernel (schedule.cuh holds the schedule's layout and
 // schedule.cu the kernel that makes it): a scheduled CTA covers the (request, tile) range [B_c, B_c+1),
-// one segment per request it touches. Only the 64-row path of 16-bit caches takes it (kSchedulable).
+// one segment per request it touches. The 64-row path of 16-bit caches takes it (kSchedulable; this
+// file's produce_scheduled / consume_scheduled), and so does the fp8 fast kernel (fp8_fast.cuh, with its
+// own producer and math warpgroups over the same walk: sched_cta, sched_segment, sched_before).
 #pragma once
 #include <cuda_runtime.h>
 
