@@ -1,6 +1,6 @@
 """Design checks that run on the host (no GPU): the protocol simulations of the KV rings
-(tests/design/seesaw_protocol_sim.py for the 64-row path, st_ring_protocol_sim.py for the transposed
-path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
+(tests/design/seesaw_protocol_sim.py for the 64-row path, fast_ring_protocol_sim.py for the fp8 fast
+kernel, st_ring_protocol_sim.py for the transposed path), the fp8 register path's index math (st_fp8_regs_sim.py), and the host-side checks of the kernels'
 index math against CuTe's layouts (tile_layout_check.cu for the 64-row path, st_layout_check.cu for the
 transposed one), compiled against templates/mla/layouts.cuh. They check the design, not the compiled
 kernels: the GPU tests do that. (The device recipes and diagnostics live in lab/, with their own tests.)"""
@@ -35,6 +35,24 @@ def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, conf
     copy warps without their named barrier are each reported in every configuration they apply to."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
+    capsys.readouterr()
+
+
+def test_fast_ring_protocol_simulation_passes(capsys):
+    """The fp8 fast kernel's four-stage ring, seesaw and epilogue: no deadlock, stale or lapped phase,
+    over-arrival, read of the wrong data or unbalanced barrier over num_tiles 1-12 and five scheduling
+    policies (6 random interleavings each here; the script's default is 200)."""
+    sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
+    assert sim["main"](6) == 0, capsys.readouterr().out
+    assert " OK: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mutation", ["early_release", "no_end_bar"])
+def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation):
+    """The simulation can fail: a tile's owner releasing its stage before its P V reads V, and an
+    epilogue without its barriers, are each reported."""
+    sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
+    assert sim["main"](3, mutation=mutation) == 1, capsys.readouterr().out
     capsys.readouterr()
 
 
