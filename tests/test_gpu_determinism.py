@@ -19,7 +19,8 @@ REPEATS = 300
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 # (num_heads, page_size, dtype, seq_lens, q_len, num_kv_splits, mode): mode "short" makes every split
-# short (max_seq_len=1: the variant's second kernel), "balanced" runs MLADecodePlan's schedule.
+# short (max_seq_len=1: the variant's second kernel), "balanced" runs MLADecodePlan's schedule, "fast"
+# fp8_mode="fast" (the fp8 fast kernel).
 CASES = [
     (8, 1, "bf16", [150, 1, 0], 1, 3, ""),
     (8, 16, "fp8", [150, 70], 1, 2, ""),
@@ -35,6 +36,7 @@ CASES = [
     (64, 64, "fp8", [600, 257], 1, 2, ""),
     (128, 64, "fp8", [400, 100], 1, 4, "short"),
     (128, 1, "fp8", [190, 64], 2, 1, ""),
+    (128, 64, "fp8", [700, 3000], 1, 4, "fast"),
 ]
 
 
@@ -43,6 +45,8 @@ CASES = [
 def test_bit_identical_over_repeated_launches(heads, page, dtype, lens, q_len, splits, mode):
     case = make_paged_case(lens, heads, page, q_len, DTYPES[dtype], generator=torch.Generator().manual_seed(heads + page))
     kw = {"k_scale": case.k_scale} if case.k_scale is not None else {}
+    if mode == "fast":
+        kw["fp8_mode"] = "fast"
     out = torch.empty(len(lens), q_len, heads, 512, dtype=case.q.dtype, device="cuda")
     lse = torch.empty(len(lens), heads, q_len, device="cuda")
     try:
