@@ -49,13 +49,15 @@ def test_fast_ring_protocol_simulation_passes(capsys):
     assert out.count(" OK: ") == 2, out
 
 
-@pytest.mark.parametrize("mutation", ["no_phase_carry", "no_segment_bar", "stage_in_ring"])
-def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation):
-    """The simulation can fail: a scheduled walk that does not carry the stages' parities, math
+@pytest.mark.parametrize("mutation, configs", [("early_release", 2), ("no_end_bar", 2), ("no_phase_carry", 1),
+                                               ("no_segment_bar", 1), ("stage_in_ring", 1)])
+def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
+    """The simulation can fail: a tile's owner releasing its stage before its P V reads V, an epilogue
+    without its barriers (both walks), a scheduled walk that does not carry the stages' parities, math
     warpgroups that do not meet between segments, and O staged in the ring (which the producer is
-    already refilling) are each reported."""
+    already refilling) are each reported in every configuration they apply to."""
     sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
-    assert sim["main"](3, mutation=mutation) == 1, capsys.readouterr().out
+    assert sim["main"](3, mutation=mutation) == configs, capsys.readouterr().out
     capsys.readouterr()
 
 

@@ -16,6 +16,8 @@ by its S and both P V, every mbarrier is between phases and every named barrier 
 
 Configurations: the uniform kernel (one segment of 1-12 tiles) and the scheduled one (1-4 segments of
 0-9 tiles, some empty). mutation= injects a bug the checks must catch (so the simulation can fail):
+  early_release    a tile's owner releases its stage right after S, before its P V reads V
+  no_end_bar       the epilogue skips its barriers (kBarEnd) before the row statistics and the staging
   no_phase_carry   the scheduled walk does not carry ph (each segment starts from parity 0)
   no_segment_bar   the math warpgroups do not meet at the end of a segment
   stage_in_ring    the epilogue stages O in ring stages 2 and 3 (as the uniform kernel once did)
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol_kit import MB, NB, Err, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
-MUTATIONS = ("no_phase_carry", "no_segment_bar", "stage_in_ring")
+MUTATIONS = ("early_release", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
 
 
 def stage_flips(n):
@@ -111,14 +113,18 @@ class Sim:
                 ph ^= stage_flips(n)
             # The epilogue: row sums, warpgroup 0's final max into row_max[0], 1 / l into row_alpha[0] by
             # the first 64 math threads (warpgroup 0), then O staged and copied out row by row.
-            yield ("nb_sync", s.nb["End"], f"wg{wg}")
+            end = s.mutation != "no_end_bar"
+            if end:
+                yield ("nb_sync", s.nb["End"], f"wg{wg}")
             if wg == 0:
                 yield ("write", wg, ["rm0"], ("final", j))
-            yield ("nb_sync", s.nb["End"], f"wg{wg}")
+            if end:
+                yield ("nb_sync", s.nb["End"], f"wg{wg}")
             if wg == 0:
                 yield ("read", wg, ["rm0"], ("final", j))
                 yield ("write", wg, ["ra0"], ("inv", j))
-            yield ("nb_sync", s.nb["End"], f"wg{wg}")
+            if end:
+                yield ("nb_sync", s.nb["End"], f"wg{wg}")
             yield ("read", wg, ["ra0"], ("inv", j))
             yield ("write", wg, s.staging(wg), ("O", j, wg))
             yield ("read", wg, s.staging(wg), ("O", j, wg))  # copy_staged_rows
@@ -131,13 +137,16 @@ class Sim:
         yield ("wait", s.kv_full[st], parity, uses[st] + t // STAGES + 1, f"wg{wg} S seg {j} tile {t}")
         yield ("group", wg, [(f"kv{st}", ("kv", j, t)), ("q_lo", ("Q", j)), ("q_hi", ("Q", j))], ("S", ("kv", j, t)))
         yield ("wgwait", wg)
+        if s.mutation == "early_release":
+            yield ("arrive", s.kv_empty[st], 4)
 
     def pv(s, wg, j, t, st):
         """pv: V^T by ldmatrix from the stage (synchronous), P^T by the wgmma, wait, release the stage."""
         yield ("read", wg, [f"kv{st}"], ("kv", j, t))
         yield ("group", wg, [(f"pt{st}", ("P", j, t))], (f"PV{wg}", ("kv", j, t)))
         yield ("wgwait", wg)
-        yield ("arrive", s.kv_empty[st], 4)
+        if s.mutation != "early_release" or t % 2 != wg:
+            yield ("arrive", s.kv_empty[st], 4)
 
     # ---------------- op execution: True if the op completed, False if it blocks
     def check_no_pending(s, regions, what):
@@ -263,8 +272,8 @@ def main(nseeds=None, mutation=None):
     nseeds = 200 if nseeds is None else nseeds
     bad = 0
     for scheduled in (False, True):
-        if mutation and not scheduled:
-            continue  # each is a bug of the scheduled walk only (one segment has no next one to race)
+        if mutation in ("no_phase_carry", "no_segment_bar", "stage_in_ring") and not scheduled:
+            continue  # bugs of the scheduled walk only (one segment has no next one to race)
         tag = "fast " + ("scheduled" if scheduled else "uniform") + (f" mutation={mutation}" if mutation else "")
 
         def run(n, policy, seed):
