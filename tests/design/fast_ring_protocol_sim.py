@@ -29,7 +29,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, Err, sweep  # noqa: E402
+from protocol_kit import MB, NB, Err, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
 MUTATIONS = ("early_release", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
@@ -228,14 +228,7 @@ class Sim:
                 s.land()
                 progressed = True
             else:
-                for k in order:
-                    if s.try_op(k, cur[k]):
-                        try:
-                            cur[k] = next(s.agents[k])
-                        except StopIteration:
-                            done.add(k)
-                        progressed = True
-                        break
+                progressed = step_one(order, cur, s.agents, done, s.try_op)
                 if not progressed and s.landing:
                     s.land()
                     progressed = True

@@ -1,6 +1,6 @@
-"""What the protocol simulations of the 64-row path share (seesaw_protocol_sim.py): the barriers as they
-model them, the empty-barrier counts of consume_two_stage, and the sweep that runs one configuration
-over tile counts, scheduling policies and seeds and reports it."""
+"""What the protocol simulations of the 64-row path share (seesaw_protocol_sim.py, fast_ring_protocol_sim.py):
+the barriers as they model them, the empty-barrier counts of consume_two_stage, one scheduling step, and
+the sweep that runs one configuration over tile counts, scheduling policies and seeds and reports it."""
 NSUB = 9  # slots of a KV tile (config.cuh kSubTiles)
 
 
@@ -65,6 +65,19 @@ class NB:
         if len(s.arrived) == s.expected:
             s.arrived = set()
             s.gen += 1
+
+
+def step_one(order, cur, agents, done, try_op):
+    """One step of a simulation: the first agent in `order` whose current op completes (try_op(name,
+    op)) moves to its next op (or into `done`). True if one did."""
+    for k in order:
+        if try_op(k, cur[k]):
+            try:
+                cur[k] = next(agents[k])
+            except StopIteration:
+                done.add(k)
+            return True
+    return False
 
 
 def sweep(tag, run, tiles, policies, nseeds):

@@ -33,7 +33,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, NSUB, Err, empty_count, sweep  # noqa: E402
+from protocol_kit import MB, NB, NSUB, Err, empty_count, step_one, sweep  # noqa: E402
 
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
 
@@ -323,14 +323,7 @@ class Sim:
             if ev and s.rng.random() < 0.3:
                 s.fire(s.rng.choice(ev)); progressed = True
             else:
-                for k in order:
-                    if s.try_op(k, cur[k]):
-                        try:
-                            cur[k] = next(s.agents[k])
-                        except StopIteration:
-                            done.add(k)
-                        progressed = True
-                        break
+                progressed = step_one(order, cur, s.agents, done, s.try_op)
                 if not progressed and ev:
                     s.fire(s.rng.choice(ev)); progressed = True
             if len(done) == len(s.agents) and not any(s.events.values()):
