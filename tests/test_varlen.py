@@ -114,9 +114,19 @@ def test_outputs_that_share_memory_with_an_input_or_each_other_are_refused():
     with pytest.raises(MLAInputError, match="^out: expected memory of its own"):  # out and lse overlap
         run_padded(reference_decode(case), q, case.seq_lens, loc, 2, out, buf[: 8 * 3 * 4].view(torch.float32).view(8, 3))
     over_cache = case.kv_cache.view(-1)[: 3 * 8 * 512].view(3, 8, 512)
-    with pytest.raises(MLAInputError, match="^out: expected memory of its own"):
+    with pytest.raises(MLAInputError, match="^out: expected memory of its own.*shares memory with kv_cache"):
         mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
                           max_q_len=2, out=over_cache)
+
+
+def test_a_sparse_input_beside_a_given_out_is_named_not_a_crash():
+    """The outputs' overlap check runs before the inputs' own checks: a tensor without strided storage
+    (here a sparse kv_cache) is left to the check that names it (review finding: RuntimeError)."""
+    case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
+    out = torch.empty(3, 8, 512, dtype=q.dtype)
+    with pytest.raises(MLAInputError, match="^kv_cache: expected"):
+        mla_decode_varlen(q, case.kv_cache.to_sparse(), case.block_table, case.seq_lens, case.softmax_scale,
+                          query_start_loc=loc, max_q_len=2, out=out)
 
 
 def test_uniform_q_len_is_the_uniform_call():
