@@ -190,7 +190,7 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
     query_start_loc, or seq_lens / block_table without one row per request, and what
     mla_decode_reference raises (naming request b's entries)."""
-    from .reference import mla_decode_reference
+    from .reference import check_softmax_scale, mla_decode_reference
 
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q) or q[0].dim() != 3 or q[1].dim() != 3 \
@@ -202,17 +202,19 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
         packed = q
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
         fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
-    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point():
-        fail("query_start_loc", "a 1-d integer tensor [batch + 1]", shown(query_start_loc))
+    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point() \
+            or query_start_loc.shape[0] < 2:
+        fail("query_start_loc", "a 1-d integer tensor [batch + 1] with batch >= 1", shown(query_start_loc))
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
             fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))
     loc = query_start_loc.tolist()
-    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
+    if loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
         fail("query_start_loc", f"at least 2 entries, 0 = first <= ... <= last <= total_q_tokens = {packed.shape[0]}", loc)
     total, heads = packed.shape[:2]
     out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
     lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
+    check_softmax_scale(softmax_scale)  # also when no request has a token
     for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
         if hi == lo:
             continue
