@@ -158,6 +158,14 @@ def test_the_varlen_op_has_shapes_for_tracing():
         torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5].long(), 4, 0.1, 0)
     with pytest.raises(MLAInputError, match="^q_nope/q_pe: expected one dtype"):
         torch.ops.mla_variants.mla_decode_varlen(args[0], args[1].half(), *args[2:], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d int32 tensor \\[batch \\+ 1\\] with batch >= 1"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5][:1], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^seq_lens: expected shape \\[batch=3\\]"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:4], args[4][:2], args[5], 4, 0.1, 0)
+    # more tokens than MAX_Q_LEN in all is fine: each packed token is one query row
+    many = (torch.empty(40, 16, 512, dtype=torch.bfloat16, **m), torch.empty(40, 16, 64, dtype=torch.bfloat16, **m))
+    out, lse = torch.ops.mla_variants.mla_decode_varlen(*many, *args[2:], 4, 0.1, 0)
+    assert out.shape == (40, 16, 512) and lse.shape == (16, 40)
 
 
 def test_the_reference_names_the_request_and_the_argument():
