@@ -28,7 +28,8 @@ import torch
 from .api import mla_decode as _mla_decode
 from .varlen import mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
-from .validation import KV_LORA_RANK, MAX_Q_LEN, fail, fp8_token, shown
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, check_tensor, fail, \
+    fp8_token, shown
 
 
 def _tensor_scale(k_scale) -> None:
@@ -37,15 +38,37 @@ def _tensor_scale(k_scale) -> None:
         fail("k_scale", "None or a 1-element float32 tensor (the ops take the scale as a tensor)", shown(k_scale))
 
 
-def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact") -> None:
-    """What tracing can check without data: q's shapes and dtypes, k_scale given exactly for fp8 caches,
-    and fp8_mode."""
+def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact", block_table=None, seq_lens=None,
+                softmax_scale=None, num_kv_splits=None, batch=None) -> None:
+    """What tracing can check without data, so that a traced graph fails where the eager call would:
+    q's shapes and dtypes (q_len 1..8, num_heads >= 1), kv_cache's shape and dtype (q's, or
+    float8_e4m3fn with bf16 q), block_table and seq_lens (int32, one row per request: `batch`, default
+    q's), softmax_scale, num_kv_splits (0 = the heuristic), k_scale given exactly for fp8 caches, and
+    fp8_mode."""
     if q_nope.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.dim() != 4 or q_pe.shape[-1] != 64 \
             or q_pe.shape[:3] != q_nope.shape[:3]:
         fail("q_nope/q_pe", "shapes [batch, q_len, num_heads, 512] and [batch, q_len, num_heads, 64]",
               f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
     if q_nope.dtype not in (torch.bfloat16, torch.float16) or q_pe.dtype is not q_nope.dtype:
         fail("q_nope/q_pe", "one dtype, bf16 or fp16", f"{q_nope.dtype} and {q_pe.dtype}")
+    if not 1 <= q_nope.shape[1] <= MAX_Q_LEN or q_nope.shape[2] < 1:
+        fail("q_nope", f"q_len (dim 1) from 1 to {MAX_Q_LEN} and num_heads (dim 2) >= 1", f"shape {tuple(q_nope.shape)}")
+    check_tensor("kv_cache", kv_cache, 3, (q_nope.dtype, FP8_DTYPE) if q_nope.dtype is torch.bfloat16 else q_nope.dtype)
+    if kv_cache.shape[-1] != HEAD_DIM:
+        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    batch = q_nope.shape[0] if batch is None else batch
+    if block_table is not None:
+        check_tensor("block_table", block_table, 2, torch.int32)
+        if block_table.shape[0] != batch or block_table.shape[1] < 1:
+            fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")
+    if seq_lens is not None:
+        check_tensor("seq_lens", seq_lens, 1, torch.int32)
+        if seq_lens.shape[0] != batch:
+            fail("seq_lens", f"shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}")
+    if softmax_scale is not None and not 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE:
+        fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g})", shown(softmax_scale))
+    if num_kv_splits is not None and not 0 <= num_kv_splits <= MAX_KV_SPLITS:
+        fail("num_kv_splits", f"0 (the heuristic) or an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))
     if (kv_cache.dtype is FP8_DTYPE) != (k_scale is not None):
         fail("k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16",
               f"{'None' if k_scale is None else 'a tensor'} with a {kv_cache.dtype} kv_cache")
@@ -73,7 +96,7 @@ def mla_decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
 
 @mla_decode_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, k_scale=None, fp8_mode="exact"):
-    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode)
+    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode, block_table, seq_lens, softmax_scale, num_kv_splits)
     batch, q_len, num_heads, _ = q_nope.shape
     return (q_nope.new_empty((batch, q_len, num_heads, KV_LORA_RANK)),
             q_nope.new_empty((batch, num_heads, q_len), dtype=torch.float32))
@@ -93,7 +116,14 @@ def mla_decode_out_op(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.
 @mla_decode_out_op.register_fake
 def _(q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, num_kv_splits, out, lse, k_scale=None,
       fp8_mode="exact"):
-    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode)
+    _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode, block_table, seq_lens, softmax_scale, num_kv_splits)
+    batch, q_len, num_heads, _ = q_nope.shape
+    check_tensor("out", out, 4, q_nope.dtype)
+    if tuple(out.shape) != (batch, q_len, num_heads, KV_LORA_RANK):
+        fail("out", f"shape {(batch, q_len, num_heads, KV_LORA_RANK)}", f"shape {tuple(out.shape)}")
+    check_tensor("lse", lse, 3, torch.float32)
+    if tuple(lse.shape) != (batch, num_heads, q_len):
+        fail("lse", f"shape {(batch, num_heads, q_len)}", f"shape {tuple(lse.shape)}")
     return None
 
 
@@ -118,9 +148,12 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len,
             or q_pe.shape[:2] != q_nope.shape[:2]:
         fail("q_nope/q_pe", "shapes [total_q_tokens, num_heads, 512] and [total_q_tokens, num_heads, 64]",
              f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
-    _fake_check(q_nope[None], q_pe[None], kv_cache, k_scale)
-    if query_start_loc.dim() != 1 or query_start_loc.dtype is not torch.int32:
-        fail("query_start_loc", "a 1-d int32 tensor [batch + 1]", f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
+    if query_start_loc.dim() != 1 or query_start_loc.dtype is not torch.int32 or query_start_loc.shape[0] < 2:
+        fail("query_start_loc", "a 1-d int32 tensor [batch + 1] with batch >= 1",
+             f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
+    _fake_check(q_nope[:, None], q_pe[:, None], kv_cache, k_scale,  # one token a row: q_len 1
+                block_table=block_table, seq_lens=seq_lens, softmax_scale=softmax_scale, num_kv_splits=num_kv_splits,
+                batch=query_start_loc.shape[0] - 1)
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN}", max_q_len)
     fp8_token(fp8_mode, kv_cache.dtype)  # last, as the eager call checks it

@@ -263,7 +263,7 @@ class MLADecodePlan:
                 and query_start_loc.shape[0] - 1 > self.max_batch:
             fail("query_start_loc", f"at most max_batch + 1 = {self.max_batch + 1} entries", query_start_loc.shape[0])
         c = native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_loc, self.q_len, out, lse,
-                        k_scale, inputs=(self.workspace,))
+                        k_scale, inputs=(("workspace", self.workspace),))
         if c.page_size != self.page_size:
             fail("kv_cache", f"page_size={self.page_size} (this plan's)", c.page_size)
         if c.total_q_tokens and self._sched_batch:

@@ -4,8 +4,24 @@ from __future__ import annotations
 import torch
 
 from .fp8 import FP8_DTYPE, dequantize_kv
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE
 
-KV_LORA_RANK = 512
+
+def _integer(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype is torch.bool)
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    """ValueError unless softmax_scale is a positive number of at most 1e30 (mla_decode's bound: beyond
+    it the fp32 scores overflow)."""
+    try:
+        ok = (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+              and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE)
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
+                         f"mla_decode), got {softmax_scale!r}")
 
 
 def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -22,30 +38,34 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     Raises ValueError where the kernel would give NaN rows instead (a seq_len below 0 or beyond
     max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
     does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache, a softmax_scale
-    that is not a finite positive number, or shapes and dtypes of q, kv_cache, block_table and seq_lens
-    that do not fit together (integer block_table and seq_lens, one seq_len per request).
+    that is not a positive number of at most 1e30 (mla_decode's bound), or shapes and dtypes of q,
+    kv_cache, block_table and seq_lens that do not fit together (tensors; q and kv_cache rows of 576;
+    integer block_table and seq_lens, one seq_len per request), and a `dtype` that is not a float dtype.
     """
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
+            raise ValueError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
+                             f"of {len(q)}")
+        q = torch.cat([q[0], q[1]], dim=-1)
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a float torch.dtype to compute in, got {dtype!r}")
     if k_scale is not None and kv_cache.dtype != FP8_DTYPE:
         raise ValueError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")
     if kv_cache.dtype == FP8_DTYPE and k_scale is None:
         raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
-    if isinstance(q, (tuple, list)):
-        q = torch.cat([q[0], q[1]], dim=-1)
-    if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != kv_cache.shape[-1]:
-        raise ValueError(f"q/kv_cache: expected q [batch, q_len, num_heads, D] and kv_cache [num_pages, page_size, D], "
-                         f"got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
-    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.is_floating_point():
+    if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != HEAD_DIM or kv_cache.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q/kv_cache: expected q [batch, q_len, num_heads, {HEAD_DIM}] and kv_cache [num_pages, "
+                         f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or not _integer(block_table):
         raise ValueError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
                          f"got {block_table.dtype} {tuple(block_table.shape)}")
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or seq_lens.is_floating_point():
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or not _integer(seq_lens):
         raise ValueError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
                          f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
-    try:
-        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) < float("inf")
-    except (TypeError, ValueError, OverflowError):
-        scale_ok = False
-    if not scale_ok:
-        raise ValueError(f"softmax_scale: expected a finite positive number, got {softmax_scale!r}")
+    check_softmax_scale(softmax_scale)
     batch, q_len, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
     out = torch.zeros(batch, q_len, num_heads, KV_LORA_RANK, dtype=dtype, device=q.device)

@@ -26,7 +26,9 @@ from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, Q_DTYPES, byte_span, 
 
 def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
     """(total_q_tokens, num_heads) after checking the varlen arguments; out and lse must not share
-    memory with each other, q, query_start_loc or `inputs` (the caller's other tensors)."""
+    memory with each other, q, query_start_loc or `inputs` ((name, tensor or other value) pairs: the
+    caller's other arguments; those that are not strided tensors are checked by the caller's own
+    checks, which name them)."""
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN} (the longest request's q_len this call allows)", shown(max_q_len))
     if isinstance(q, (tuple, list)):
@@ -59,16 +61,17 @@ def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
         if tuple(lse.shape) != (heads, total):
             fail("lse", f"shape {(heads, total)} ([num_heads, total_q_tokens])", tuple(lse.shape))
     given = [(name, t) for name, t in (("out", out), ("lse", lse)) if t is not None]
-    others = [*(q if isinstance(q, (tuple, list)) else (q,)), query_start_loc,
-              *(t for t in inputs if isinstance(t, torch.Tensor))]
+    qs = (("q_nope", q[0]), ("q_pe", q[1])) if isinstance(q, (tuple, list)) else (("q", q),)
+    others = [*qs, ("query_start_loc", query_start_loc),
+              *((n, t) for n, t in inputs if isinstance(t, torch.Tensor) and t.layout == torch.strided)]
     for i, (name, t) in enumerate(given):
         check_no_overlap(name, t)
         span = byte_span(t)
-        for other in others + [u for _, u in given[i + 1:]]:
+        for other_name, other in others + given[i + 1:]:
             o = byte_span(other) if other.device == t.device else None
             if span and o and span[0] < o[1] and o[0] < span[1]:
                 fail(name, "memory of its own (it would overwrite an input or the other output)",
-                     "a tensor that shares memory with another argument")
+                     f"a tensor that shares memory with {other_name}")
     return total, heads
 
 
@@ -84,10 +87,12 @@ def native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_l
                 k_scale, inputs=(), debug: bool = False):
     """The validated launch of a varlen step in the packed layout (validation.Call with query_start_loc:
     batch = len(query_start_loc) - 1 requests of max_q_len rows, q / out / lse strides of the packed
-    tensors with batch stride 0). out / lse are allocated when None. MLAInputError names a bad argument;
+    tensors with batch stride 0). out / lse are allocated when None; inputs: (name, tensor) pairs of
+    further tensors they must not overlap (a plan's workspace). MLAInputError names a bad argument;
     debug: query_start_loc is checked on the host first."""
     from .validation import Call, check_cache, check_layout, set_scale
-    total, heads = _check(q, query_start_loc, max_q_len, out, lse, (kv_cache, block_table, seq_lens, k_scale, *inputs))
+    total, heads = _check(q, query_start_loc, max_q_len, out, lse, (("kv_cache", kv_cache), ("block_table", block_table),
+                                                                   ("seq_lens", seq_lens), ("k_scale", k_scale), *inputs))
     if debug:
         _debug_check(query_start_loc, total, max_q_len)
     pair = isinstance(q, (tuple, list))
@@ -185,7 +190,7 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
     query_start_loc, or seq_lens / block_table without one row per request, and what
     mla_decode_reference raises (naming request b's entries)."""
-    from .reference import mla_decode_reference
+    from .reference import check_softmax_scale, mla_decode_reference
 
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q) or q[0].dim() != 3 or q[1].dim() != 3 \
@@ -197,17 +202,19 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
         packed = q
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
         fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
-    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point():
-        fail("query_start_loc", "a 1-d integer tensor [batch + 1]", shown(query_start_loc))
+    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point() \
+            or query_start_loc.shape[0] < 2:
+        fail("query_start_loc", "a 1-d integer tensor [batch + 1] with batch >= 1", shown(query_start_loc))
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
             fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))
     loc = query_start_loc.tolist()
-    if len(loc) < 2 or loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
+    if loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
         fail("query_start_loc", f"at least 2 entries, 0 = first <= ... <= last <= total_q_tokens = {packed.shape[0]}", loc)
     total, heads = packed.shape[:2]
     out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
     lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
+    check_softmax_scale(softmax_scale)  # also when no request has a token
     for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
         if hi == lo:
             continue

@@ -89,11 +89,20 @@ def test_reference_checks_its_arguments():
                           (3, case.seq_lens.float(), "seq_lens: expected an integer tensor"),
                           (2, case.block_table[0], "block_table: expected an integer tensor of shape"),
                           (2, case.block_table.float(), "block_table: expected an integer tensor"),
-                          (1, case.kv_cache[..., :512], "q/kv_cache: expected q")):
+                          (1, case.kv_cache[..., :512], "q/kv_cache: expected q"),
+                          # break-it findings: fp32 overflow to NaN, a string, a non-tensor, rows of 600
+                          (4, 1e31, "softmax_scale: expected a finite positive number of at most 1e"),
+                          (4, "0.1", "softmax_scale"), (1, None, "kv_cache: expected a tensor, got NoneType"),
+                          (3, [20, 5], "seq_lens: expected a tensor"),
+                          (3, case.seq_lens.bool(), "seq_lens: expected an integer tensor"),
+                          (0, (case.q[..., :512], case.q[..., 512:], case.q), "q: expected a tensor or the pair"),
+                          (0, torch.cat([case.q, case.q[..., :24]], -1), "q/kv_cache: expected q")):
         a = list(args)
         a[i] = bad
         with pytest.raises(ValueError, match=words):
             mla_decode_reference(*a)
+    with pytest.raises(ValueError, match="dtype: expected a float torch.dtype"):
+        mla_decode_reference(*args, dtype=torch.int32)
     fp8 = case.kv_cache.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale: required"):
         mla_decode_reference(case.q, fp8, case.block_table, torch.zeros(2, dtype=torch.int32), 0.1)

@@ -259,6 +259,48 @@ def test_fake_ops_check_shapes():
                                           torch.empty(3, dtype=torch.int32, **m), 0.1, 0)
 
 
+def _meta_args(batch=3, q_len=1, heads=16, kv=(4, 64, 576), kv_dtype=torch.bfloat16, q_dtype=torch.bfloat16,
+               bt_batch=None, scale=0.1, splits=0):
+    m = dict(device="meta")
+    return (torch.empty(batch, q_len, heads, 512, dtype=q_dtype, **m), torch.empty(batch, q_len, heads, 64, dtype=q_dtype, **m),
+            torch.empty(*kv, dtype=kv_dtype, **m), torch.empty(batch if bt_batch is None else bt_batch, 4, dtype=torch.int32, **m),
+            torch.empty(batch, dtype=torch.int32, **m), scale, splits)
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"q_len": 9}, "q_nope: expected q_len (dim 1) from 1 to 8"),
+    ({"heads": 0}, "num_heads (dim 2) >= 1"),
+    ({"kv": (4, 64, 100)}, "kv_cache: expected shape [num_pages, page_size, 576]"),
+    ({"kv_dtype": torch.float32}, "kv_cache: expected dtype"),
+    ({"q_dtype": torch.float16, "kv_dtype": torch.float8_e4m3fn}, "kv_cache: expected dtype torch.float16"),
+    ({"bt_batch": 2}, "block_table: expected shape [batch=3"),
+    ({"scale": float("nan")}, "softmax_scale: expected a finite positive float"),
+    ({"scale": -1.0}, "softmax_scale: expected a finite positive float"),
+    ({"splits": -5}, "num_kv_splits: expected 0 (the heuristic) or an int from 1 to 256"),
+    ({"splits": 1000}, "num_kv_splits: expected 0 (the heuristic)"),
+])
+def test_fake_ops_refuse_what_the_eager_call_refuses(over, words):
+    """Tracing (meta tensors) fails where the eager call would, instead of tracing a graph that raises
+    at run time (break-it findings)."""
+    import mla_variants.ops  # noqa: F401
+    args = _meta_args(**over)
+    scale = torch.ones(1, device="meta") if args[2].dtype is torch.float8_e4m3fn else None
+    with pytest.raises(MLAInputError, match=re.escape(words)):
+        torch.ops.mla_variants.mla_decode(*args, k_scale=scale)
+
+
+def test_fake_out_op_checks_out_and_lse():
+    import mla_variants.ops  # noqa: F401
+    args, m = _meta_args(), dict(device="meta")
+    lse = torch.empty(3, 16, 1, **m)
+    with pytest.raises(MLAInputError, match=re.escape("out: expected shape (3, 1, 16, 512)")):
+        torch.ops.mla_variants.mla_decode_out(*args, torch.empty(3, 1, 16, 500, dtype=torch.bfloat16, **m), lse)
+    with pytest.raises(MLAInputError, match=re.escape("lse: expected shape (3, 16, 1)")):
+        torch.ops.mla_variants.mla_decode_out(*args, torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, **m),
+                                              torch.empty(3, 1, 16, **m))
+    torch.ops.mla_variants.mla_decode_out(*args, torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, **m), lse)
+
+
 @pytest.mark.parametrize("kv_dtype,k_scale,words", [
     (torch.float8_e4m3fn, None, "k_scale: expected a 1-element float32 tensor for a float8_e4m3fn kv_cache, None for bf16/fp16, got None with a torch.float8_e4m3fn kv_cache"),
     (torch.bfloat16, torch.ones(1), "got a tensor with a torch.bfloat16 kv_cache"),

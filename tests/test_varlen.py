@@ -114,9 +114,19 @@ def test_outputs_that_share_memory_with_an_input_or_each_other_are_refused():
     with pytest.raises(MLAInputError, match="^out: expected memory of its own"):  # out and lse overlap
         run_padded(reference_decode(case), q, case.seq_lens, loc, 2, out, buf[: 8 * 3 * 4].view(torch.float32).view(8, 3))
     over_cache = case.kv_cache.view(-1)[: 3 * 8 * 512].view(3, 8, 512)
-    with pytest.raises(MLAInputError, match="^out: expected memory of its own"):
+    with pytest.raises(MLAInputError, match="^out: expected memory of its own.*shares memory with kv_cache"):
         mla_decode_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
                           max_q_len=2, out=over_cache)
+
+
+def test_a_sparse_input_beside_a_given_out_is_named_not_a_crash():
+    """The outputs' overlap check runs before the inputs' own checks: a tensor without strided storage
+    (here a sparse kv_cache) is left to the check that names it (review finding: RuntimeError)."""
+    case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
+    out = torch.empty(3, 8, 512, dtype=q.dtype)
+    with pytest.raises(MLAInputError, match="^kv_cache: expected"):
+        mla_decode_varlen(q, case.kv_cache.to_sparse(), case.block_table, case.seq_lens, case.softmax_scale,
+                          query_start_loc=loc, max_q_len=2, out=out)
 
 
 def test_uniform_q_len_is_the_uniform_call():
@@ -148,6 +158,14 @@ def test_the_varlen_op_has_shapes_for_tracing():
         torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5].long(), 4, 0.1, 0)
     with pytest.raises(MLAInputError, match="^q_nope/q_pe: expected one dtype"):
         torch.ops.mla_variants.mla_decode_varlen(args[0], args[1].half(), *args[2:], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d int32 tensor \\[batch \\+ 1\\] with batch >= 1"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5][:1], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^seq_lens: expected shape \\[batch=3\\]"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:4], args[4][:2], args[5], 4, 0.1, 0)
+    # more tokens than MAX_Q_LEN in all is fine: each packed token is one query row
+    many = (torch.empty(40, 16, 512, dtype=torch.bfloat16, **m), torch.empty(40, 16, 64, dtype=torch.bfloat16, **m))
+    out, lse = torch.ops.mla_variants.mla_decode_varlen(*many, *args[2:], 4, 0.1, 0)
+    assert out.shape == (40, 16, 512) and lse.shape == (16, 40)
 
 
 def test_the_reference_names_the_request_and_the_argument():
@@ -165,3 +183,11 @@ def test_the_reference_names_the_request_and_the_argument():
     with pytest.raises(MLAInputError, match="^q: expected a tensor"):
         mla_decode_varlen_reference((q[..., :512], q[:2, :, 512:]), case.kv_cache, case.block_table, case.seq_lens,
                                     case.softmax_scale, query_start_loc=loc)
+    # break-it findings: an empty query_start_loc was blamed on seq_lens ("-1 rows"); a batch of q_len-0
+    # requests checked nothing
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d integer tensor \\[batch \\+ 1\\] with batch >= 1"):
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                    query_start_loc=loc[:1])
+    with pytest.raises(ValueError, match="^softmax_scale: expected a finite positive number"):
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, -1.0,
+                                    query_start_loc=torch.zeros(4, dtype=torch.int32))
