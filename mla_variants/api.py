@@ -118,10 +118,18 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
         c.lse = torch.empty((c.batch, c.num_heads, c.q_len), dtype=torch.float32, device=c.device)
     if c.batch == 0:
         return c.out, c.lse
-    lib = _binding.library()
-    launches, num_kv_splits = choose_launches(lib, c, num_kv_splits, max_seq_len)
+    run_validated(c, num_kv_splits, max_seq_len, debug, workspace, tma_code)
+    return c.out, c.lse
+
+
+def run_validated(c: Call, num_kv_splits: int | None, max_seq_len: int | None, debug: bool,
+                  workspace: torch.Tensor | None = None, tma_code: int = 0) -> None:
+    """Launch a validated call of at least one request (mla_decode, mla_decode_varlen): its launches and
+    split count (choose_launches), debug's host checks of block_table and seq_lens, the workspace
+    (allocated here, or the caller's, checked against the size the launches need), the launch."""
+    launches, num_kv_splits = choose_launches(_binding.library(), c, num_kv_splits, max_seq_len)
     if debug:
-        debug_check(kv_cache, block_table, seq_lens, c.page_size)
+        debug_check(c.kv_cache, c.block_table, c.seq_lens, c.page_size)
     need = workspace_size(c.batch, max(l.num_heads for l in launches), c.q_len, num_kv_splits)
     if need:
         if workspace is None:
@@ -130,7 +138,6 @@ def mla_decode(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
             check_workspace(workspace, need, c.device,
                              f"workspace_size(batch={c.batch}, num_heads, q_len={c.q_len}, num_kv_splits={num_kv_splits})")
     launching.launch(c, launches, num_kv_splits, workspace, need, max_seq_len=max_seq_len or 0, tma=tma_code)
-    return c.out, c.lse
 
 
 def choose_launches(lib, c: Call, num_kv_splits: int | None, max_seq_len: int | None):

@@ -226,14 +226,20 @@ class MLADecodePlan:
         num_heads/page_size/q_len/dtype/kv_dtype other than the plan's, batch > max_batch or another device,
         a batch other than the last schedule()'s; RuntimeError with the CUDA error if a launch fails."""
         c = self._check(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k_scale)
-        if c.batch and self._sched_batch:
+        if c.batch:
+            self._launch(c)
+        return out, lse
+
+    def _launch(self, c) -> None:
+        """Launch a validated step: on the schedule made for its batch once :meth:`schedule` ran, else the
+        plan's uniform split."""
+        if self._sched_batch:
             self._check_scheduled_batch(c.batch)
             launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
-                    self._schedules[c.batch].data_ptr(), self.sched_ctas)
-        elif c.batch:
+                   self._schedules[c.batch].data_ptr(), self.sched_ctas)
+        else:
             launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
-                    max_seq_len=self.max_seq_len)
-        return out, lse
+                   max_seq_len=self.max_seq_len)
 
     def run_varlen(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                    softmax_scale: float, *, query_start_loc: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -266,13 +272,8 @@ class MLADecodePlan:
                         k_scale, inputs=(("workspace", self.workspace),))
         if c.page_size != self.page_size:
             fail("kv_cache", f"page_size={self.page_size} (this plan's)", c.page_size)
-        if c.total_q_tokens and self._sched_batch:
-            self._check_scheduled_batch(c.batch)
-            launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
-                   self._schedules[c.batch].data_ptr(), self.sched_ctas)
-        elif c.total_q_tokens:
-            launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
-                   max_seq_len=self.max_seq_len)
+        if c.total_q_tokens:
+            self._launch(c)
         return out, lse
 
     def bind(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,

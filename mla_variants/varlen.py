@@ -155,9 +155,8 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
     max_q_len, q, out or lse for a malformed varlen argument.
     Math: as mla_decode per request (softmax attention over the request's cached latent rows).
     """
-    from . import _binding, launching
-    from .api import choose_launches, workspace_size
-    from .validation import MAX_KV_SPLITS, apply_fp8_mode, debug_check
+    from .api import run_validated
+    from .validation import MAX_KV_SPLITS, apply_fp8_mode
 
     if debug is not False and debug is not True:
         fail("debug", "a bool", shown(debug))
@@ -172,13 +171,7 @@ def mla_decode_varlen(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_
     apply_fp8_mode(c, fp8_mode)
     if c.total_q_tokens == 0:
         return c.out, c.lse
-    lib = _binding.library()
-    launches, splits = choose_launches(lib, c, num_kv_splits, max_seq_len)
-    if debug:
-        debug_check(kv_cache, block_table, seq_lens, c.page_size)
-    need = workspace_size(c.batch, max(l.num_heads for l in launches), c.q_len, splits)
-    workspace = torch.empty(need, dtype=torch.uint8, device=c.device) if need else None
-    launching.launch(c, launches, splits, workspace, need, max_seq_len=max_seq_len or 0)
+    run_validated(c, num_kv_splits, max_seq_len, debug)
     return c.out, c.lse
 
 
