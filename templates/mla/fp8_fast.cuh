@@ -28,7 +28,7 @@
 #include "config.cuh"
 #include "epilogue.cuh"  // copy_staged_rows
 #include "params.cuh"
-#include "scheduled.cuh"  // sched_cta, sched_segment, sched_before
+#include "scheduled.cuh"  // for_each_segment
 #include "workspace.cuh"
 
 namespace mla {
@@ -599,54 +599,27 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
 
 template <int NUM_HEADS, int PAGE_SIZE>
 __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid) {
-  const ScheduleView sv{p.a.schedule, p.a.sched_ctas};
-  int b, t;
-  {
-    int c, m_block;
-    sched_cta(p, c, m_block);
-    b = sv.bound_req(c);
-    t = sv.bound_tile(c);
-  }
   uint32_t ph = 0;
-  for (;; ++b, t = 0) {
-    int c, m_block;
-    sched_cta(p, c, m_block);
-    const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
-    if (!sched_before(b, t, end_b, end_t)) break;
-    const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
-    if (w.num_tiles == 0) continue;
+  for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+    if (w.num_tiles == 0) return;
     produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph);
     ph ^= stage_flips(w.num_tiles);
-  }
+  });
 }
 
 // A segment without tiles only writes its placed rows (out 0 and lse -inf, or NaN). Between segments
 // both warpgroups meet (kBarEnd): the next segment's Q and P^T overwrite the memory where the last
-// one's O was staged. Like the producer, the loop keeps only b and ph live across a segment (the CTA
-// index is read again from %ctaid, the end bound from the schedule): rows_fast needs every register.
+// one's O was staged. for_each_segment keeps only its cursor live, and this walk only ph: rows_fast
+// needs every register.
 template <int NUM_HEADS, int PAGE_SIZE>
 __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage& s, int tid) {
-  const MlaDecodeArgs& a = p.a;
-  const ScheduleView sv{a.schedule, a.sched_ctas};
-  int b, t;
-  {
-    int c, m_block;
-    sched_cta(p, c, m_block);
-    b = sv.bound_req(c);
-    t = sv.bound_tile(c);
-  }
   uint32_t ph = 0;
-  for (;; ++b, t = 0) {
-    int c, m_block;
-    sched_cta(p, c, m_block);
-    const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
-    if (!sched_before(b, t, end_b, end_t)) break;
-    const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
-    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
+  for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * p.a.q_len * p.a.num_heads;
     rows_fast<NUM_HEADS>(p, s, w, piece_row, tid, ph);
     ph ^= stage_flips(w.num_tiles);
     math_barrier(kBarEnd);
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
