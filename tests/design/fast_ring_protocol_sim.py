@@ -29,7 +29,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, Err, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, Err, cli, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
 MUTATIONS = ("early_release", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
@@ -279,7 +279,4 @@ def main(nseeds=None, mutation=None):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    mut = [x.split("=", 1)[1] for x in args if x.startswith("--mutation=")]
-    nums = [int(x) for x in args if not x.startswith("--")]
-    sys.exit(main(nums[0] if nums else None, mut[0] if mut else None))
+    sys.exit(cli(main))

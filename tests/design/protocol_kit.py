@@ -80,6 +80,15 @@ def step_one(order, cur, agents, done, try_op):
     return False
 
 
+def cli(main):
+    """A simulation's command line: [seeds per case] [--mutation=NAME] -> main(nseeds, mutation)'s result."""
+    import sys
+    args = sys.argv[1:]
+    mut = [x.split("=", 1)[1] for x in args if x.startswith("--mutation=")]
+    nums = [int(x) for x in args if not x.startswith("--")]
+    return main(nums[0] if nums else None, mut[0] if mut else None)
+
+
 def sweep(tag, run, tiles, policies, nseeds):
     """run(num_tiles, policy, seed) over every combination; prints "<tag> OK: ..." or the first five
     distinct errors with where they occurred; returns 1 if any run failed, else 0."""

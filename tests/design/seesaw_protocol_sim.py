@@ -33,7 +33,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, NSUB, Err, empty_count, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, NSUB, Err, cli, empty_count, step_one, sweep  # noqa: E402
 
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
 
@@ -383,7 +383,4 @@ def main(nseeds=None, mutation=None):
     return bad
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    mut = [x.split("=", 1)[1] for x in args if x.startswith("--mutation=")]
-    nums = [int(x) for x in args if not x.startswith("--")]
-    sys.exit(main(nums[0] if nums else None, mut[0] if mut else None))
+    sys.exit(cli(main))
