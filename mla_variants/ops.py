@@ -65,6 +65,7 @@ def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact", block_table=N
         check_tensor("seq_lens", seq_lens, 1, torch.int32)
         if seq_lens.shape[0] != batch:
             fail("seq_lens", f"shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}")
+    # The schema makes it a float (a SymFloat while tracing, which softmax_scale_ok's isinstance would refuse).
     if softmax_scale is not None and not 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE:
         fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g})", shown(softmax_scale))
     if num_kv_splits is not None and not 0 <= num_kv_splits <= MAX_KV_SPLITS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .fp8 import FP8_DTYPE, dequantize_kv
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE, softmax_scale_ok
 
 
 def _integer(t: torch.Tensor) -> bool:
@@ -12,14 +12,8 @@ def _integer(t: torch.Tensor) -> bool:
 
 
 def check_softmax_scale(softmax_scale) -> None:
-    """ValueError unless softmax_scale is a positive number of at most 1e30 (mla_decode's bound: beyond
-    it the fp32 scores overflow)."""
-    try:
-        ok = (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-              and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE)
-    except OverflowError:
-        ok = False
-    if not ok:
+    """ValueError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
+    if not softmax_scale_ok(softmax_scale):
         raise ValueError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
                          f"mla_decode), got {softmax_scale!r}")
 

@@ -347,6 +347,16 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
         return None
 
 
+def softmax_scale_ok(softmax_scale) -> bool:
+    """The one softmax_scale rule (mla_decode, the references, the ops' fakes): a Python int or float, not
+    a bool, with 0 < value <= MAX_SOFTMAX_SCALE (beyond it the kernel's fp32 score scale overflows)."""
+    try:
+        return (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+                and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE)
+    except OverflowError:
+        return False
+
+
 def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: int, dtype, device, q_arg: str) -> bool:
     """The cache and metadata arguments of a call whose q (named q_arg) has `batch` requests of `dtype` on
     `device` (MLAInputError naming the argument otherwise); returns whether the cache is fp8."""
@@ -367,11 +377,7 @@ def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: 
     check_tensor("seq_lens", seq_lens, 1, torch.int32, device)
     if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
         fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
-    try:
-        scale_ok = not isinstance(softmax_scale, bool) and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE
-    except (TypeError, ValueError, OverflowError):
-        scale_ok = False
-    if not scale_ok or not isinstance(softmax_scale, (int, float)):
+    if not softmax_scale_ok(softmax_scale):
         fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g}, so that scale * log2(e) fits fp32)",
               shown(softmax_scale))
     check_k_scale(k_scale, kv_cache, device, softmax_scale)

@@ -201,13 +201,13 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
             fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))
+    check_softmax_scale(softmax_scale)  # also when no request has a token
     loc = query_start_loc.tolist()
     if loc[0] != 0 or loc[-1] > packed.shape[0] or any(b < a for a, b in zip(loc, loc[1:])):
         fail("query_start_loc", f"at least 2 entries, 0 = first <= ... <= last <= total_q_tokens = {packed.shape[0]}", loc)
     total, heads = packed.shape[:2]
     out = torch.full((total, heads, KV_LORA_RANK), float("nan"), dtype=dtype, device=packed.device)
     lse = torch.full((heads, total), float("nan"), dtype=dtype, device=packed.device)  # tokens of no request
-    check_softmax_scale(softmax_scale)  # also when no request has a token
     for b, (lo, hi) in enumerate(zip(loc, loc[1:])):
         if hi == lo:
             continue
