@@ -157,4 +157,14 @@ __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
+// 2^x for the online softmax (its weights p and factors alpha): one MUFU.EX2. exp2f wraps the same
+// instruction in a range test and two multiplies that keep results below 2^-126 as subnormals; a
+// softmax weight that small is below the fp32 ulp of its row's sum (>= 1), so it is flushed to 0 here.
+// exp2_ftz(-inf) = 0 and NaN stays NaN, as with exp2f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace mla

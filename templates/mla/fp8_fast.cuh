@@ -287,23 +287,34 @@ struct Math {
   int wg, warp, lane, row0;
   int kv_begin;
   int key_limit[2];
+  int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
   int pt_base, pt_swz;   // exp_store_pt: row0 * 64 + 4 (lane % 4), and (row0 >> 1) & 3
 };
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
 
-// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..).
+// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..); a tile that ends at or below the
+// warp's unmasked_end skips the mask (the test is the same for the whole warp).
 __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
   const int tile_start = c.kv_begin + tile * kBlockN;
-  CUTE_UNROLL
-  for (int i = 0; i < 32; ++i) {
-    const int r = (i >> 1) & 1;
-    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-    const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
-    S[i] = v;
-    tile_max[r] = fmaxf(tile_max[r], v);
+  if (tile_start + kBlockN <= c.unmasked_end) {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      S[i] *= c.score_scale[r];
+      tile_max[r] = fmaxf(tile_max[r], S[i]);
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+      const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
+      S[i] = v;
+      tile_max[r] = fmaxf(tile_max[r], v);
+    }
   }
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -319,7 +330,7 @@ __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
     l[r] *= alpha[r];
     m_run[r] = m_new[r];
   }
@@ -357,8 +368,8 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
   CUTE_UNROLL
   for (int i = 0; i < 32; i += 2) {
     const int r = (i >> 1) & 1;
-    const float p0 = exp2f(S[i] - m_sub[r]);
-    const float p1 = exp2f(S[i + 1] - m_sub[r]);
+    const float p0 = exp2_ftz(S[i] - m_sub[r]);
+    const float p1 = exp2_ftz(S[i + 1] - m_sub[r]);
     l[r] += p0 + p1;
     const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4) + 2 * ((i >> 2) & 1);
     *reinterpret_cast<uint16_t*>(base + off) = e4m3x2(p0 * kPScale, p1 * kPScale);
@@ -499,6 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
     c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
   }
+  c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float o[4][32];
   CUTE_UNROLL
   for (int mb = 0; mb < 4; ++mb) {
