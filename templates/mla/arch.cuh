@@ -158,9 +158,9 @@ __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t v) {
 }
 
 // 2^x for the online softmax (its weights p and factors alpha): one MUFU.EX2. exp2f wraps the same
-// instruction in a range test and two multiplies that keep results below 2^-126 as subnormals; a
-// softmax weight that small is below the fp32 ulp of its row's sum (>= 1), so it is flushed to 0 here.
-// exp2_ftz(-inf) = 0 and NaN stays NaN, as with exp2f.
+// instruction in a range test and two multiplies that keep results below 2^-126 as subnormals; here
+// they are flushed to 0 (bit-identical to exp2f otherwise). Such a weight moves its row's sum (>= 1)
+// by less than an ulp and out by less than 2^-126 max|v| / sum. exp2_ftz(-inf) = 0 and NaN stays NaN.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

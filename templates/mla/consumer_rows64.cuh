@@ -53,7 +53,7 @@ struct MathContext {
 template <class Frag>
 __device__ __forceinline__ void scale_mask_rowmax(Frag& S, const MathContext& c, int tile_start, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
-  if (tile_start + 2 * int(size(S)) <= c.unmasked_end) {  // 2 size(S) columns
+  if (tile_start <= c.unmasked_end - 2 * int(size(S))) {  // a tile of 2 size(S) keys; no int overflow near INT_MAX
     CUTE_UNROLL
     for (int i = 0; i < size(S); ++i) {
       const int r = (i >> 1) & 1;

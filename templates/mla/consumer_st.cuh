@@ -97,7 +97,7 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
   float cmax[kCols];
   CUTE_UNROLL
   for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
-  if (tile_start + kBlockN <= c.unmasked_end) {  // the same for the whole warp: no key of the tile masked
+  if (tile_start <= c.unmasked_end - kBlockN) {  // warp-uniform; written so that no int overflows near INT_MAX
     CUTE_UNROLL
     for (int e = 0; e < size(tSrS); ++e) {
       const int j = st_col_index(e);

@@ -309,7 +309,7 @@ __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 
 __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
   const int tile_start = c.kv_begin + tile * kBlockN;
-  if (tile_start + kBlockN <= c.unmasked_end) {
+  if (tile_start <= c.unmasked_end - kBlockN) {  // (written so that nothing overflows near INT_MAX)
     CUTE_UNROLL
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1;
