@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
 
 from mla_variants import (MLAInputError, _binding, is_supported, mla_decode,  # noqa: E402
                           mla_decode_reference)
-from mla_variants.testing import compare, make_paged_case  # noqa: E402
+from mla_variants.testing import FP8_FAST_TOLERANCE, compare, make_paged_case  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -105,6 +105,52 @@ def test_block_table_capacity_overflowing_int32():
     ref = _ref(case, block_table=wide)
     out, lse = mla_decode(case.q, case.kv_cache, wide, case.seq_lens, case.softmax_scale, num_kv_splits=1)
     _check(out, lse, *ref, what=f"block_table width {width} x page {p} >= 2**31")
+
+
+@pytest.mark.parametrize("heads,dtype", [(16, "bf16"), (128, "bf16"), (128, "fp8_e4m3_fast")])
+def test_seq_len_int32_max(heads, dtype):
+    """One request of 2**31 - 1 keys, the largest seq_len: key indices near INT_MAX must not overflow
+    (a tile test written tile_start + 64 <= limit wrapped and let the last tile go unmasked), and the
+    last page's slots past seq_len (NaN) stay masked. Every full page is one physical page and the last
+    page another, so the reference is a softmax over their rows weighted by how often each is read.
+    lse gets 1e-2: 2**23 identical tiles per split add the same rounding error in fp32 each time; a
+    masking or indexing error shows as NaN or as garbage far above that."""
+    fast = dtype == "fp8_e4m3_fast"
+    keys = [k for k in _binding.library().table
+            if k[0] == heads and k[2] == (dtype if fast else "bf16") and k[3] and k[1] >= 64]
+    if not keys:
+        pytest.skip(f"no compiled split variant with {heads} heads, {dtype}, page >= 64")
+    p = max(k[1] for k in keys)
+    seq_len = 2**31 - 1
+    n_full, rem = divmod(seq_len, p)
+    g = torch.Generator().manual_seed(12)
+    real = torch.randn(2, p, 576, generator=g) * 0.1
+    k_scale = 0.5 if fast else None
+    if fast:
+        kv = (real / k_scale).to(torch.float8_e4m3fn)
+        rows_of = kv.float() * k_scale
+        kv = kv.view(torch.uint8)
+        kv[1, rem:] = 0x7F  # the e4m3 NaN byte
+        kv = kv.view(torch.float8_e4m3fn).cuda()
+    else:
+        kv = real.to(torch.bfloat16)
+        rows_of = kv.float()
+        kv[1, rem:] = float("nan")
+        kv = kv.cuda()
+    block_table = torch.zeros(1, n_full + 1, dtype=torch.int32, device="cuda")
+    block_table[0, n_full] = 1
+    q = (torch.randn(1, 1, heads, 576, generator=g) * 0.1).to(torch.bfloat16)
+    scale = 576 ** -0.5
+    out, lse = mla_decode(q.cuda(), kv, block_table, torch.tensor([seq_len], dtype=torch.int32, device="cuda"),
+                          scale, num_kv_splits=256, k_scale=k_scale, fp8_mode="fast" if fast else "exact")
+    rows = torch.cat([rows_of[0], rows_of[1, :rem]]).double()
+    counts = torch.cat([torch.full((p,), float(n_full)), torch.ones(rem)]).double()
+    w = q[0, 0].double() @ rows.T * scale + counts.log()  # [heads, p + rem]
+    ref_out = (torch.softmax(w, -1) @ rows[:, :512]).float().view(1, 1, heads, 512)
+    ref_lse = torch.logsumexp(w, -1).float().view(1, heads, 1)
+    tol = dict(FP8_FAST_TOLERANCE) if fast else {}
+    tol["lse_atol"] = 1e-2
+    _check(out, lse, ref_out.cuda(), ref_lse.cuda(), what=f"seq_len 2**31 - 1, {heads} heads, {dtype}, page {p}", **tol)
 
 
 def test_softmax_scale_overflowing_float32_is_rejected():
