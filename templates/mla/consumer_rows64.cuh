@@ -333,8 +333,7 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cac
     const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
     const int unmasked_end = __reduce_min_sync(0xffffffff, min(key_limit[0], key_limit[1]));
     const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, unmasked_end, score_scale, wg, tid_wg,
-                          lane, row0,
-                          phases};
+                          lane, row0, phases};
     consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q
