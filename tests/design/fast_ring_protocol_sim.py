@@ -23,7 +23,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, Err, cli, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, Err, barrier_op, cli, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
 MUTATIONS = ("early_release", "no_end_bar")
@@ -127,18 +127,10 @@ class Sim:
                 raise Err(f"{who} reads {region} expecting {want}, finds {s.tag.get(region)}")
 
     def try_op(s, name, op):
+        done = barrier_op(op)
+        if done is not None:
+            return done
         k = op[0]
-        if k == "wait":
-            _, mb, parity, want, what = op
-            return mb.try_wait(parity, want, what)
-        if k == "arrive":
-            op[1].arrive(op[2])
-            return True
-        if k == "nb_arrive":
-            op[1].arrive(op[2])
-            return True
-        if k == "nb_sync":
-            return op[1].sync(op[2])
         if k == "fill":
             _, st, tile = op
             s.landing.append((st, tile))

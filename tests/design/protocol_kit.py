@@ -67,6 +67,22 @@ class NB:
             s.gen += 1
 
 
+def barrier_op(op):
+    """The barrier ops every simulation shares: ("wait", mbarrier, parity, phase wanted, what), ("arrive",
+    mbarrier, count) and ("nb_arrive" | "nb_sync", named barrier, who). True / False: done / blocked;
+    None: not a barrier op (the simulation's own try_op handles it)."""
+    k = op[0]
+    if k == "wait":
+        _, mb, parity, want, what = op
+        return mb.try_wait(parity, want, what)
+    if k in ("arrive", "nb_arrive"):
+        op[1].arrive(op[2])
+        return True
+    if k == "nb_sync":
+        return op[1].sync(op[2])
+    return None
+
+
 def step_one(order, cur, agents, done, try_op):
     """One step of a simulation: the first agent in `order` whose current op completes (try_op(name,
     op)) moves to its next op (or into `done`). True if one did."""

@@ -33,7 +33,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, NSUB, Err, cli, empty_count, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, NSUB, Err, barrier_op, cli, empty_count, step_one, sweep  # noqa: E402
 
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
 
@@ -220,22 +220,16 @@ class Sim:
 
     # ---------------- op execution: returns True if op completed, False if blocked
     def try_op(s, name, op):
+        done = barrier_op(op)
+        if done is not None:
+            return done
         k = op[0]
-        if k == "wait":
-            _, mb, parity, want, what = op
-            return mb.try_wait(parity, want, what)
-        if k == "arrive":
-            op[1].arrive(op[2]); return True
         if k == "arrive_full":
             _, mb, cnt, tc = op
             s.full_arrived[tc] = s.full_arrived.get(tc, 0) + 1
             mb.arrive(cnt); return True
         if k == "async_arrive":
             s.events[op[1]].append((op[2], op[3], op[4], op[5])); return True
-        if k == "nb_arrive":
-            op[1].arrive(op[2]); return True
-        if k == "nb_sync":
-            return op[1].sync(op[2])
         if k == "group":
             _, wg, rd = op
             for c in rd[1]:

@@ -9,7 +9,7 @@ conflict-free. It checks the design, not the compiled code: the GPU tests do tha
 
     python3 tests/design/st_fp8_regs_sim.py
 """
-import numpy as np, torch
+import numpy as np
 # ---- (a) raw_offset swizzle: v_off precompute and bank groups (quarter-warp model, 16-byte loads)
 def raw_offset(row, chunk): return row*64 + 16*(chunk ^ ((row >> 1) & 3))  # the ring's chunk swizzle
 def st_token(k): return k ^ ((k >> 1) & 1)
