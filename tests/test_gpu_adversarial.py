@@ -15,6 +15,7 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
 
 from mla_variants import (MLAInputError, _binding, is_supported, mla_decode,  # noqa: E402
                           mla_decode_reference)
+from mla_variants.fp8 import FP8_NAN_BYTE, dequantize_kv, quantize_kv  # noqa: E402
 from mla_variants.testing import FP8_FAST_TOLERANCE, compare, make_paged_case  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,11 +128,10 @@ def test_seq_len_int32_max(heads, dtype):
     real = torch.randn(2, p, 576, generator=g) * 0.1
     k_scale = 0.5 if fast else None
     if fast:
-        kv = (real / k_scale).to(torch.float8_e4m3fn)
-        rows_of = kv.float() * k_scale
-        kv = kv.view(torch.uint8)
-        kv[1, rem:] = 0x7F  # the e4m3 NaN byte
-        kv = kv.view(torch.float8_e4m3fn).cuda()
+        kv = quantize_kv(real, k_scale)
+        rows_of = dequantize_kv(kv, k_scale)
+        kv.view(torch.uint8)[1, rem:] = FP8_NAN_BYTE
+        kv = kv.cuda()
     else:
         kv = real.to(torch.bfloat16)
         rows_of = kv.float()
