@@ -206,17 +206,27 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
 // ---------------------------------------------------------------------------------------------
 // The math warpgroups' wgmma pieces.
 
+// The wgmma descriptor of k-step ks (32 bytes) of a 64-row LayoutTile: k-step 0's plus the step's byte
+// offset / 16 in the start-address field (bits 0-13, which shared addresses below 256 KiB never
+// overflow), so the loop adds constants instead of building 18 descriptors.
+__device__ __forceinline__ uint64_t tile_desc(uint64_t desc0, int ks) {
+  return desc0 + uint64_t(tile_offset(0, 32 * ks, kBlockN) >> 4);
+}
+
+static_assert(kBlockM == kBlockN, "Q and K tiles share tile_desc's k-step offsets");
+
 // S [64 x 64] = Q8 [64 x 576] K8^T over the 18 k-steps (shared-memory operands).
 __device__ __forceinline__ void issue_s(const Storage& s, int stage, float (&d)[32]) {
   Tensor sq = make_tensor(make_smem_ptr(s.q), LayoutTile{});
   Tensor sk = make_tensor(make_smem_ptr(s.kv[stage]), LayoutTile{});
+  const uint64_t da0 = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sq, Shape<_64, _32>{}, make_coord(0, 0))));
+  const uint64_t db0 = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sk, Shape<_64, _32>{}, make_coord(0, 0))));
   CUTE_UNROLL
   for (int i = 0; i < 32; ++i) warpgroup_fence_operand(d[i]);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int ks = 0; ks < kKSteps; ++ks) {
-    const uint64_t da = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sq, Shape<_64, _32>{}, make_coord(0, ks))));
-    const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sk, Shape<_64, _32>{}, make_coord(0, ks))));
+    const uint64_t da = tile_desc(da0, ks), db = tile_desc(db0, ks);
     SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(
         da, db, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15],
         d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],
@@ -307,23 +317,34 @@ struct Math {
   int wg, warp, lane, row0;
   int kv_begin;
   int key_limit[2];
+  int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
   int pt_base, pt_swz;   // exp_store_pt: row0 * 64 + 4 (lane % 4), and (row0 >> 1) & 3
 };
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
 
-// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..).
+// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..); a tile that ends at or below the
+// warp's unmasked_end skips the mask (the test is the same for the whole warp).
 __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
   const int tile_start = c.kv_begin + tile * kBlockN;
-  CUTE_UNROLL
-  for (int i = 0; i < 32; ++i) {
-    const int r = (i >> 1) & 1;
-    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-    const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
-    S[i] = v;
-    tile_max[r] = fmaxf(tile_max[r], v);
+  if (tile_start <= c.unmasked_end - kBlockN) {  // (written so that nothing overflows near INT_MAX)
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      S[i] *= c.score_scale[r];
+      tile_max[r] = fmaxf(tile_max[r], S[i]);
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+      const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
+      S[i] = v;
+      tile_max[r] = fmaxf(tile_max[r], v);
+    }
   }
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -339,7 +360,7 @@ __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
     l[r] *= alpha[r];
     m_run[r] = m_new[r];
   }
@@ -370,18 +391,26 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
 // row sums of the unrounded P into l. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
 // 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
 // k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
-// thread's byte offset row0 * 64 + 4 q.
+// thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
+// k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
 __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
                                              float (&l)[2], E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   CUTE_UNROLL
-  for (int i = 0; i < 32; i += 2) {
-    const int r = (i >> 1) & 1;
-    const float p0 = exp2f(S[i] - m_sub[r]);
-    const float p1 = exp2f(S[i + 1] - m_sub[r]);
-    l[r] += p0 + p1;
-    const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4) + 2 * ((i >> 2) & 1);
-    *reinterpret_cast<uint16_t*>(base + off) = e4m3x2(p0 * kPScale, p1 * kPScale);
+  for (int g = 0; g < 32; g += 8) {
+    CUTE_UNROLL
+    for (int i = g; i < g + 4; i += 2) {
+      const int r = (i >> 1) & 1;
+      const float p0 = exp2_ftz(S[i] - m_sub[r]);
+      const float p1 = exp2_ftz(S[i + 1] - m_sub[r]);
+      const float p2 = exp2_ftz(S[i + 4] - m_sub[r]);
+      const float p3 = exp2_ftz(S[i + 5] - m_sub[r]);
+      l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
+      l[r] += p2 + p3;
+      const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4);
+      *reinterpret_cast<uint32_t*>(base + off) =
+          uint32_t(e4m3x2(p0 * kPScale, p1 * kPScale)) | (uint32_t(e4m3x2(p2 * kPScale, p3 * kPScale)) << 16);
+    }
   }
 }
 
@@ -499,6 +528,7 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
     c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
     c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
   }
+  c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float o[4][32];
   CUTE_UNROLL
   for (int mb = 0; mb < 4; ++mb) {
