@@ -62,7 +62,8 @@ class PathFacts:
     tma / second_tma: whether the own / second kernel loads full tiles by TMA (64-row kernels on pages
         that are multiples of 64).
     balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
-        path with a 16-bit cache).
+        path with a 16-bit cache, and split fp8_e4m3_fast variants: the fast kernel's scheduled
+        instantiation; exact fp8 variants have none).
     tile_keys: keys per tile (splits are whole tiles).
     max_rows_per_cta: the largest row block of a launch (64; 32 for transposed fp8 variants): a launch
         with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's
@@ -82,10 +83,10 @@ class PathFacts:
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
-        if dtype == FP8_FAST:  # the fast kernel: 64 rows, cp.async; short splits run the exact short-split one
+        if dtype == FP8_FAST:  # the fast kernel: 64 rows, cp.async, balanced schedule; short splits run the exact one
             return cls(rows_per_cta=ROWS_64, second_kernel="short_split" if split else None,
                        second_max_split_keys=FP8_SHORT_SPLIT_KEYS if split else 0, tma=False,
-                       second_tma=False, balanced_schedule=False)
+                       second_tma=False, balanced_schedule=split)
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS
         rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64

@@ -11,8 +11,8 @@ Needs a build with the variants below (the default `mla-variants build`; a call 
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
 the 64-row path with cp.async and TMA pages, staged and paired epilogues, split and not, both second
 kernels (the 64-row kernel of 17..32 heads on short splits, the fp8 short-split kernel), the balanced
-schedule, the fp8 fast kernel, q_len 2 and 4 (a transposed variant's larger row blocks), and every
-combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
+schedule, the fp8 fast kernel (uniform and scheduled), q_len 2 and 4 (a transposed variant's larger row
+blocks), and every combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
 instruments every shared-memory access) and their results are checked against the fp32 reference.
 Exit status 0 only if every tool reports 0 errors and 0 hazards.
 """
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (name, num_heads, page_size, dtype, seq_lens, q_len, num_kv_splits, extra): extra "short" passes
 # max_seq_len=1 (every split short: the variant's second kernel), "balanced" runs MLADecodePlan's schedule,
-# "fast" fp8_mode="fast" (the fp8 fast kernel).
+# "fast" fp8_mode="fast" (the fp8 fast kernel; "balanced-fast": its scheduled instantiation).
 CALLS = [
     ("st8-bf16-split", 8, 1, "bf16", [150, 1, 0], 1, 3, ""),
     ("st8-fp8-split", 8, 16, "fp8", [150, 70], 1, 2, ""),
@@ -54,6 +54,7 @@ CALLS = [
     ("r64-fp8-p64-short", 128, 64, "fp8", [400, 100], 1, 4, "short"),
     ("r64-fp8-p1-nosplit", 128, 1, "fp8", [190, 64], 2, 1, ""),
     ("r64-fp8fast-p64-split", 128, 64, "fp8", [700, 3000], 1, 4, "fast"),
+    ("r64-fp8fast-p16-balanced", 64, 16, "fp8", [700, 30, 0, 1100, 5000], 2, None, "balanced-fast"),
 ]
 
 
@@ -71,31 +72,31 @@ def run_calls(only: int | None, repeat: int = 1) -> int:
         g = torch.Generator().manual_seed(i)
         case = make_paged_case(lens, heads, page, q_len, dtypes[dt], generator=g)
         kw = {"k_scale": case.k_scale} if case.k_scale is not None else {}
-        if extra == "fast":
-            kw["fp8_mode"] = "fast"
+        mode_kw = {"fp8_mode": "fast"} if "fast" in extra else {}
         out = torch.full((len(lens), q_len, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
         lse = torch.full((len(lens), heads, q_len), float("nan"), device="cuda")
         try:
-            if extra == "balanced":
-                plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True)
+            if extra.startswith("balanced"):
+                plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True,
+                                     kv_dtype=case.kv_cache.dtype, **mode_kw)
                 plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
 
                 def launch():
                     plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                             out=out, lse=lse)
+                             out=out, lse=lse, **kw)
             else:
                 def launch():
                     mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if extra == "short" else None,
-                               **kw)
+                               **kw, **mode_kw)
             launch()
             torch.cuda.synchronize()
         except VariantNotCompiledError as e:
             print(f"[{i}] {name}: skipped, not built ({str(e).split('.')[0]})", flush=True)
             continue
         ref = mla_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_table.cpu(), case.seq_lens.cpu(),
-                                   case.softmax_scale, **({"k_scale": case.k_scale} if case.k_scale is not None else {}))
-        tolerance = FP8_FAST_TOLERANCE if extra == "fast" else FP8_TOLERANCE if dt == "fp8" else {}
+                                   case.softmax_scale, **kw)
+        tolerance = FP8_FAST_TOLERANCE if "fast" in extra else FP8_TOLERANCE if dt == "fp8" else {}
         problems = compare(out.cpu(), lse.cpu(), *ref, **tolerance)
         if repeat > 1:
             # A real shared-memory race shows as run-to-run variation: every launch must give the same bits.

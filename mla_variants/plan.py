@@ -13,6 +13,8 @@ import torch
 
 import struct
 
+from codegen.variant import ST_MAX_HEADS, PathFacts, call_dtype
+
 from . import _binding
 from .api import choose_launches, workspace_size
 from .dispatch import VariantNotCompiledError
@@ -49,8 +51,8 @@ class MLADecodePlan:
         plan allocates one now.
       balanced: allow the balanced schedule (:meth:`schedule`; opt-in, max_batch <= 2**20). Such a plan's
         workspace_bytes also holds max_batch + sched_ctas partial results per row (:attr:`balanced` is
-        False, and nothing grows, when the plan cannot balance: 32 heads or fewer, an fp8 cache, several
-        head groups, no split variant).
+        False, and nothing grows, when the plan cannot balance: 32 heads or fewer, an fp8 cache in
+        fp8_mode="exact", several head groups, no split variant).
 
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
     workspace and workspace_bytes (its size: :func:`mla_variants.workspace_size` for max_batch, or for a
@@ -96,7 +98,9 @@ class MLADecodePlan:
         self.fp8_mode = fp8_mode
         self.launches, self.num_kv_splits = choose_launches(_binding.library(), shape, num_kv_splits, max_seq_len)
         self.workspace_bytes = workspace_size(max_batch, max(l.num_heads for l in self.launches), q_len, self.num_kv_splits)
-        # The balanced schedule (schedule()): one launch of a split variant on the 64-row path of a 16-bit cache.
+        # The balanced schedule (schedule()): one launch of a split variant whose facts allow it (the 64-row
+        # path of a 16-bit cache, or fp8 fast mode above 32 heads). Where no 64-row split variant of the
+        # call's dtype has one (exact fp8), nothing is looked up, so nothing is JIT-built for it.
         if not isinstance(balanced, bool):
             fail("balanced", "a bool", shown(balanced))
         if balanced and max_batch > 2**20:
@@ -106,9 +110,10 @@ class MLADecodePlan:
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
-        if balanced and self.kv_dtype is dtype:
+        if balanced and PathFacts.of(ST_MAX_HEADS + 1, page_size, call_dtype(shape.key_dtype, num_heads),
+                                     True).balanced_schedule:
             try:
-                sl = _binding.library().plan(num_heads, page_size, Q_DTYPES[dtype], True)
+                sl = _binding.library().plan(num_heads, page_size, shape.key_dtype, True)
             except VariantNotCompiledError:
                 sl = None
             if sl is not None and len(sl) == 1 and sl[0].facts.balanced_schedule:
@@ -127,7 +132,8 @@ class MLADecodePlan:
     @property
     def balanced(self) -> bool:
         """Whether :meth:`schedule` applies to this plan: made with balanced=True, one split variant of more
-        than 32 heads (the 64-row kernel path), a 16-bit cache."""
+        than 32 heads (the 64-row kernel path) with a 16-bit cache, or with an fp8 cache in fp8_mode="fast"
+        (the fast kernel's own scheduled instantiation; exact mode has none)."""
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,

@@ -19,8 +19,9 @@ FP8 = torch.float8_e4m3fn
 def test_a_fast_variant_runs_the_64_row_fast_kernel_and_the_exact_short_split_one(heads):
     v = Variant(heads, 16, "fp8_e4m3_fast", True)
     assert v.name == f"mla_decode_h{heads}_p16_fp8_e4m3_fast_split" and Variant.from_name(v.name) == v
+    # A split fast variant also runs the balanced schedule (the fast kernel's scheduled instantiation).
     assert v.facts == PathFacts(rows_per_cta=64, second_kernel="short_split", second_max_split_keys=128, tma=False,
-                                second_tma=False, balanced_schedule=False)
+                                second_tma=False, balanced_schedule=True)
     assert v.path == "rows64" and v.units == ((f"{v.name}.cu", "variant.cu.j2"),
                                               (f"{v.name}_second.cu", "variant_second.cu.j2"))
     assert v.facts.rows_for(heads * 4) == 64 and v.cpp_type == "mla::Fp8FastCache"
@@ -28,7 +29,7 @@ def test_a_fast_variant_runs_the_64_row_fast_kernel_and_the_exact_short_split_on
     assert v.facts.runs_second(1024, 8) and not v.facts.runs_second(1024, 4)
     assert v.facts.launch_rows(1024, 8, heads) == 64
     nosplit = Variant(heads, 16, "fp8_e4m3_fast", False)
-    assert nosplit.facts.second_kernel is None and nosplit.units == ((f"{nosplit.name}.cu", "variant.cu.j2"),)
+    assert nosplit.facts.second_kernel is None and not nosplit.facts.balanced_schedule and nosplit.units == ((f"{nosplit.name}.cu", "variant.cu.j2"),)
 
 
 def test_the_default_build_has_split_fast_variants_at_64_and_128_heads():

@@ -20,7 +20,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m
 
 # (num_heads, page_size, dtype, seq_lens, q_len, num_kv_splits, mode): mode "short" makes every split
 # short (max_seq_len=1: the variant's second kernel), "balanced" runs MLADecodePlan's schedule, "fast"
-# fp8_mode="fast" (the fp8 fast kernel).
+# fp8_mode="fast" (the fp8 fast kernel; with "balanced", its scheduled instantiation).
 CASES = [
     (8, 1, "bf16", [150, 1, 0], 1, 3, ""),
     (8, 16, "fp8", [150, 70], 1, 2, ""),
@@ -37,6 +37,7 @@ CASES = [
     (128, 64, "fp8", [400, 100], 1, 4, "short"),
     (128, 1, "fp8", [190, 64], 2, 1, ""),
     (128, 64, "fp8", [700, 3000], 1, 4, "fast"),
+    (128, 64, "fp8", [700, 30, 0, 1100, 5000], 2, None, "balanced-fast"),
 ]
 
 
@@ -45,21 +46,24 @@ CASES = [
 def test_bit_identical_over_repeated_launches(heads, page, dtype, lens, q_len, splits, mode):
     case = make_paged_case(lens, heads, page, q_len, DTYPES[dtype], generator=torch.Generator().manual_seed(heads + page))
     kw = {"k_scale": case.k_scale} if case.k_scale is not None else {}
-    if mode == "fast":
-        kw["fp8_mode"] = "fast"
+    mode_kw = {"fp8_mode": "fast"} if "fast" in mode else {}
     out = torch.empty(len(lens), q_len, heads, 512, dtype=case.q.dtype, device="cuda")
     lse = torch.empty(len(lens), heads, q_len, device="cuda")
     try:
-        if mode == "balanced":
-            plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True)
+        if mode.startswith("balanced"):
+            plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True,
+                                 kv_dtype=case.kv_cache.dtype, **mode_kw)
+            assert plan.balanced
             plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
 
             def launch():
-                plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse)
+                plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+                         **kw)
         else:
             def launch():
                 mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
-                           num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if mode == "short" else None, **kw)
+                           num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if mode == "short" else None, **kw,
+                           **mode_kw)
         launch()
     except VariantNotCompiledError as e:
         pytest.skip(f"not in this build: {e}")

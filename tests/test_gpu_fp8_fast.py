@@ -166,3 +166,105 @@ def test_fast_op_matches_the_call():
     ref_out, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                   num_kv_splits=2, k_scale=scale, fp8_mode="fast")
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def _balanced_fast_keys():
+    try:
+        lib = _binding.library()
+        return sorted(k for k in lib.table if k[2] == "fp8_e4m3_fast" and lib.facts[k].balanced_schedule)
+    except Exception:  # no build: the parametrized tests are skipped ("got empty parameter set")
+        return []
+
+
+# Ragged batches, empty and one-key requests, a request longer than one CTA's run, many short ones.
+BALANCED_LENGTHS = {
+    "ragged": [529, 744, 1028, 1280, 7454, 1612, 2231, 2386, 2601, 4160, 3621, 3705, 4057, 64, 4194, 4380],
+    "zeros_ones_long": [0, 1, 100_000, 0, 65, 1, 0, 4096, 3],
+    "many_short": [1 + (7 * i) % 200 for i in range(300)],
+    "all_empty": [0, 0, 0],
+}
+
+
+@pytest.mark.parametrize("key", _balanced_fast_keys(), ids=lambda k: f"h{k[0]}_p{k[1]}")
+@pytest.mark.parametrize("name", sorted(BALANCED_LENGTHS))
+def test_fast_balanced_schedule_against_reference(key, name):
+    """The fast kernel's scheduled instantiation (fp8_fast.cuh SCHED): a CTA's run may span several
+    requests (one segment each, the ring carried across them) or end inside one (a workspace piece),
+    at q_len 1, 2 and 4 and k_scale as a float and as a device tensor; both of the schedule's cuts."""
+    heads, page = key[0], key[1]
+    g = torch.Generator().manual_seed(31 * heads + page)
+    lens = BALANCED_LENGTHS[name]
+    for q_len, k_scale, overhead in ((1, 0.0625, 3), (2, 37.5, 1), (4, 1.0, 50)):
+        case = make_paged_case(lens, heads, page, q_len, FP8, generator=g, k_scale=k_scale)
+        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                case.softmax_scale, k_scale=k_scale)
+        plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, kv_dtype=FP8, max_seq_len=max(max(lens), 1),
+                             balanced=True, fp8_mode="fast")
+        assert plan.balanced and all("fast" in l.symbol for l in plan.launches)
+        assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page, overhead_tiles=overhead)
+        for scale_arg in (k_scale, torch.tensor([k_scale], device="cuda")):
+            out = torch.full((len(lens), q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            lse = torch.full((len(lens), heads, q_len), float("nan"), device="cuda")
+            plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse,
+                     k_scale=scale_arg)
+            torch.cuda.synchronize()
+            problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+            assert not problems, f"{name} q_len {q_len} overhead {overhead} ({plan.scheduled_cut()}): {problems}"
+
+
+def test_fast_balanced_plan_in_a_graph_follows_seq_lens():
+    """schedule + run of a fast plan captured once; replays after seq_lens changed in place (other tile
+    counts, another cut) stay within the fast tolerance."""
+    keys = _balanced_fast_keys()
+    if not keys:
+        pytest.skip("no split fp8_e4m3_fast variant compiled")
+    heads, page = sorted(keys, key=lambda k: (k[1] != 64, k[0] != 128))[0][:2]
+    steps = ([300, 5000, 1, 2000, 0, 800], [8000, 1, 0, 64, 4000, 65])
+    case = make_paged_case([max(x) for x in zip(*steps)], heads, page, 1, FP8,
+                           generator=torch.Generator().manual_seed(9), k_scale=0.5)
+    seq_lens = case.seq_lens.clone()
+    plan = MLADecodePlan(len(steps[0]), heads, page, kv_dtype=FP8, max_seq_len=8000, balanced=True, fp8_mode="fast")
+    out = torch.empty(len(steps[0]), 1, heads, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(len(steps[0]), heads, 1, device="cuda")
+    scale = torch.tensor([0.5], device="cuda")
+    max_keys = case.block_table.shape[1] * page
+
+    def step():
+        plan.schedule(seq_lens, max_seq_len=max_keys)
+        plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse, k_scale=scale)
+
+    graph = capture_graph(step)
+    for new in steps:
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, k_scale=0.5)
+        problems = compare(out, lse, *ref, **FP8_FAST_TOLERANCE)
+        assert not problems, f"{new}: {problems}"
+
+
+def test_fast_balanced_varlen_skips_padding_blocks():
+    """Varlen on a fast balanced plan (q_len up to 4, 128 heads where built): requests with fewer tokens
+    than the launch's q_len leave row blocks with no placed row, which read no keys."""
+    keys = [k for k in _balanced_fast_keys() if k[0] == 128] or _balanced_fast_keys()
+    if not keys:
+        pytest.skip("no split fp8_e4m3_fast variant compiled")
+    heads, page = sorted(keys, key=lambda k: k[1] != 64)[0][:2]
+    q_lens, lens = [1, 4, 0, 2, 3, 1], [5000, 300, 2000, 0, 9000, 64]
+    case = make_paged_case(lens, heads, page, 4, FP8, generator=torch.Generator().manual_seed(13), k_scale=2.0)
+    loc = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    # Request b's tokens: the last q_lens[b] query positions of the uniform case, packed.
+    q = torch.cat([case.q[b, 4 - n:] for b, n in enumerate(q_lens)]).contiguous()
+    plan = MLADecodePlan(len(lens), heads, page, q_len=4, kv_dtype=FP8, max_seq_len=9216, balanced=True,
+                         fp8_mode="fast")
+    assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
+    out = torch.full((q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((heads, q.shape[0]), float("nan"), device="cuda")
+    plan.run_varlen(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, query_start_loc=loc,
+                    out=out, lse=lse, k_scale=2.0)
+    ref_out, ref_lse = mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens,
+                                                   case.softmax_scale, query_start_loc=loc, k_scale=2.0)
+    torch.cuda.synchronize()
+    problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+    assert not problems, f"{plan.scheduled_cut()}: {problems}"

@@ -157,4 +157,14 @@ __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
+// 2^x for the online softmax (its weights p and factors alpha): one MUFU.EX2. exp2f wraps the same
+// instruction in a range test and two multiplies that keep results below 2^-126 as subnormals; here
+// they are flushed to 0 (bit-identical to exp2f otherwise). Such a weight moves its row's sum (>= 1)
+// by less than an ulp and out by less than 2^-126 max|v| / sum. exp2_ftz(-inf) = 0 and NaN stays NaN.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace mla

@@ -33,6 +33,7 @@ struct MathContext {
   int kv_begin;         // first key of the split
   int num_tiles;        // tiles in the split (> 0): kBlockN tokens, the 64-row storage's kTileN on that path
   int key_limit[2];     // keys >= key_limit[r] are masked for row row0 + 8r (split end, causal)
+  int unmasked_end;     // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale;    // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, lane;
   int row0;             // this thread's accumulator rows: row0 and row0 + 8
@@ -46,17 +47,28 @@ struct MathContext {
 // Softmax pieces on a 64 x N fp32 accumulator fragment. Element i of a thread's fragment is row
 // row0 + 8 * ((i >> 1) & 1), column (i >> 2) * 8 + 2 * (lane % 4) + (i & 1).
 
-// Scale to the log2 domain, mask keys >= key_limit (column n is key tile_start + n), row max.
+// Scale to the log2 domain, mask keys >= key_limit (column n is key tile_start + n), row max. A tile
+// that ends at or below the warp's unmasked_end (every tile but a split's or a causal row's last, in
+// practice) skips the mask: the test is the same for the whole warp.
 template <class Frag>
 __device__ __forceinline__ void scale_mask_rowmax(Frag& S, const MathContext& c, int tile_start, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
-  CUTE_UNROLL
-  for (int i = 0; i < size(S); ++i) {
-    const int r = (i >> 1) & 1;
-    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-    const float v = key < c.key_limit[r] ? S(i) * c.score_scale : -INFINITY;
-    S(i) = v;
-    tile_max[r] = fmaxf(tile_max[r], v);
+  if (tile_start <= c.unmasked_end - 2 * int(size(S))) {  // a tile of 2 size(S) keys; no int overflow near INT_MAX
+    CUTE_UNROLL
+    for (int i = 0; i < size(S); ++i) {
+      const int r = (i >> 1) & 1;
+      S(i) *= c.score_scale;
+      tile_max[r] = fmaxf(tile_max[r], S(i));
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < size(S); ++i) {
+      const int r = (i >> 1) & 1;
+      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+      const float v = key < c.key_limit[r] ? S(i) * c.score_scale : -INFINITY;
+      S(i) = v;
+      tile_max[r] = fmaxf(tile_max[r], v);
+    }
   }
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {  // the four threads of a row hold its columns
@@ -72,7 +84,7 @@ __device__ __forceinline__ void advance_max(float (&m_run)[2], const float (&m_n
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
     m_run[r] = m_new[r];
   }
 }
@@ -102,8 +114,8 @@ __device__ __forceinline__ void exp_store_p(const Frag& S, const MathContext& c,
   CUTE_UNROLL
   for (int i = 0; i < size(S); i += 2) {
     const int r = (i >> 1) & 1;
-    const float p0 = exp2f(S(i) - m_sub[r]);
-    const float p1 = exp2f(S(i + 1) - m_sub[r]);
+    const float p0 = exp2_ftz(S(i) - m_sub[r]);
+    const float p1 = exp2_ftz(S(i + 1) - m_sub[r]);
     l[r] += p0 + p1;
     const int col = col_base + (i >> 2) * 8 + 2 * (c.lane % 4);
     *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p) + p_offset<kTileN>(c.row0 + 8 * r, col)) =
@@ -319,8 +331,9 @@ __device__ __forceinline__ void rows_64(const DecodeParams& p, SharedStorage<Cac
   float l_run[2] = {0.f, 0.f};
   if (w.num_tiles > 0) {
     const int num_tiles = tiles_of_n<SharedStorage<Cache, kShort>::kTileN>(w.kv_end - w.kv_begin, w.num_tiles);
-    const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, score_scale, wg, tid_wg, lane, row0,
-                          phases};
+    const int unmasked_end = __reduce_min_sync(0xffffffff, min(key_limit[0], key_limit[1]));
+    const MathContext ctx{w.kv_begin, num_tiles, {key_limit[0], key_limit[1]}, unmasked_end, score_scale, wg, tid_wg,
+                          lane, row0, phases};
     consume_two_stage</*kSFirst=*/!Types::kFp8 || kShort>(s, ctx, tOrO, m_run, l_run);
     if constexpr (kSchedulable<Cache, NUM_HEADS>) {
       if (lane == 0) arrive_barrier(&s.q_empty);  // this warp's S wgmmas are done with Q

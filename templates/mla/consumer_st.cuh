@@ -68,6 +68,7 @@ struct StContext {
   int num_tiles;           // kBlockN-token tiles in the split (> 0 in the loops; merge_st also sees 0)
   int key_limit[kCols];    // keys >= key_limit[c] are masked for column c (split end, causal); unused
                            // where Storage::key_limit holds them (kKeyLimitShared), to spare registers
+  int unmasked_end;        // the least key limit of the warp's columns: a tile below it needs no mask
   float score_scale;       // softmax_scale * log2(e) (times the fp8 factors)
   int wg, tid_wg, warp, lane;
 };
@@ -96,19 +97,28 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
   float cmax[kCols];
   CUTE_UNROLL
   for (int j = 0; j < kCols; ++j) cmax[j] = -INFINITY;
-  CUTE_UNROLL
-  for (int e = 0; e < size(tSrS); ++e) {
-    const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
-    const int j = st_col_index(e);
-    int limit;
-    if constexpr (kKeyLimitShared<Storage>) {
-      limit = s.key_limit[4 * wg + c.warp][st_col(e, c.lane)];  // this warp's row, written by the kernel
-    } else {
-      limit = c.key_limit[j];
+  if (tile_start <= c.unmasked_end - kBlockN) {  // warp-uniform; written so that no int overflows near INT_MAX
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int j = st_col_index(e);
+      tSrS(e) *= c.score_scale;
+      cmax[j] = fmaxf(cmax[j], tSrS(e));
     }
-    const float v = key < limit ? tSrS(e) * c.score_scale : -INFINITY;
-    tSrS(e) = v;
-    cmax[j] = fmaxf(cmax[j], v);
+  } else {
+    CUTE_UNROLL
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int key = tile_start + tok0 + 8 * ((e >> 1) & 1);
+      const int j = st_col_index(e);
+      int limit;
+      if constexpr (kKeyLimitShared<Storage>) {
+        limit = s.key_limit[4 * wg + c.warp][st_col(e, c.lane)];  // this warp's row, written by the kernel
+      } else {
+        limit = c.key_limit[j];
+      }
+      const float v = key < limit ? tSrS(e) * c.score_scale : -INFINITY;
+      tSrS(e) = v;
+      cmax[j] = fmaxf(cmax[j], v);
+    }
   }
   CUTE_UNROLL
   for (int j = 0; j < kCols; ++j) {
@@ -128,7 +138,7 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
     CUTE_UNROLL
     for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, s.col_stat[wg][w][n]);
     m_sub[j] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[j] = exp2f(m_run[j] - m_sub[j]);
+    alpha[j] = exp2_ftz(m_run[j] - m_sub[j]);
     m_run[j] = m_new;
     moved |= alpha[j] != 1.f;
     l_run[j] *= alpha[j];
@@ -146,7 +156,7 @@ __device__ __forceinline__ void st_softmax_to_pt(Storage& s, const StContext<kRo
   CUTE_UNROLL
   for (int e = 0; e < size(tSrS); ++e) {
     const int j = st_col_index(e);
-    const float pe = exp2f(tSrS(e) - m_sub[j]);
+    const float pe = exp2_ftz(tSrS(e) - m_sub[j]);
     l_run[j] += pe;
     const Element pv = Element(pe);
     const int tok = tok0 + 8 * ((e >> 1) & 1);
@@ -231,7 +241,7 @@ __device__ __forceinline__ void st_row_stats(const Storage& s, int n, float& m, 
   CUTE_UNROLL
   for (int w = 0; w < Storage::kMathWgs; ++w) {
     const float lw = s.col_stat[w][0][n] + s.col_stat[w][1][n] + s.col_stat[w][2][n] + s.col_stat[w][3][n];
-    l += lw * exp2f(s.wg_max[w][n] - m_sub);
+    l += lw * exp2_ftz(s.wg_max[w][n] - m_sub);
   }
 }
 
@@ -298,7 +308,7 @@ __device__ __forceinline__ void merge_st(Storage& s, const StContext<kRows>& c, 
     float m = s.wg_max[0][n];
     CUTE_UNROLL
     for (int w = 1; w < Storage::kMathWgs; ++w) m = fmaxf(m, s.wg_max[w][n]);
-    f[j] = exp2f(m_run[j] - (m == -INFINITY ? 0.f : m));
+    f[j] = exp2_ftz(m_run[j] - (m == -INFINITY ? 0.f : m));
   }
   // Element (MMA e, atom m) of O^T is latent row d = 64 m + 16 warp + lane / 4 + 8 ((e >> 1) & 1)
   // (register path: st_regs_dim), query row n = st_col(e).

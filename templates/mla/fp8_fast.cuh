@@ -13,6 +13,8 @@
 //     so P^T is stored with its tokens in sigma order;
 //   - the row sums come from P before rounding; O^T is rescaled per column (query row) from the row
 //     maxima in shared memory.
+// A split variant also has a balanced-schedule instantiation (SCHED, scheduled.cuh's walk): the CTA runs
+// rows_fast once per segment of its schedule run, the ring carrying on across segments.
 #pragma once
 #include <cuda_runtime.h>
 #include <cute/arch/mma_sm90.hpp>
@@ -26,6 +28,7 @@
 #include "config.cuh"
 #include "epilogue.cuh"  // copy_staged_rows
 #include "params.cuh"
+#include "scheduled.cuh"  // for_each_segment
 #include "workspace.cuh"
 
 namespace mla {
@@ -49,15 +52,23 @@ using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_6
 
 struct Storage {
   static constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
-  alignas(1024) E4 q[kBlockM * kTileBytes];           // 40 KiB: Q8, rows x 640 bytes
   alignas(1024) E4 kv[kStages][kBlockN * kTileBytes];  // 4 x 40 KiB: raw tiles
-  alignas(1024) E4 pt[kStages][kBlockM * kBlockN];     // 4 x 4 KiB: P^T of the stage's tile
-  float q_inv_scale[kBlockM];                         // 1 / (Q row's power-of-2 scale)
-  float row_max[2][kBlockM];                          // the seesaw's running max hand-over
-  float row_alpha[2][kBlockM];                        // and the factor of what came before (O^T's columns)
-  float row_sum[2][kBlockM];                          // each warpgroup's row sums at the end
+  // q, pt and tail lie back to back, 64 KiB: the epilogue stages each warpgroup's O there (every read
+  // of Q and P^T is done by then), never in the ring, which a scheduled CTA's producer is already
+  // filling with the next segment's tiles.
+  alignas(1024) E4 q[kBlockM * kTileBytes];        // 40 KiB: Q8, rows x 640 bytes
+  alignas(1024) E4 pt[kStages][kBlockM * kBlockN];  // 4 x 4 KiB: P^T of the stage's tile
+  alignas(1024) char tail[8192];
+  float q_inv_scale[kBlockM];                      // 1 / (Q row's power-of-2 scale)
+  float row_max[2][kBlockM];                       // the seesaw's running max hand-over
+  float row_alpha[2][kBlockM];                     // and the factor of what came before (O^T's columns)
+  float row_sum[2][kBlockM];                       // each warpgroup's row sums at the end
   uint64_t kv_full[kStages], kv_empty[kStages];
 };
+// A warpgroup's staged O: 64 rows of its 256 dims.
+constexpr int kStagedBytes = kBlockM * (kHeadDimV / kNumWarpgroups) * int(sizeof(Piece));
+static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kNumWarpgroups * kStagedBytes,
+              "q, pt and tail hold both warpgroups' staged O");
 constexpr int kThreads = Storage::kThreads;
 constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
 
@@ -140,10 +151,20 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
 // The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 4, eight threads
 // per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end. One full barrier per stage
 // (128 arrivals) and one empty barrier (8: each math warp once, after its last read of the tile).
+// ph: bit j is the parity of stage j's uses before this segment (0 in a uniform launch; the scheduled
+// walk carries it, stage_flips). The caller waits for its copies (cp_async_wait_all) before it retires.
+
+// The stages' use parities a segment of n tiles flips (tile t in stage t % kStages).
+__device__ __forceinline__ uint32_t stage_flips(int n) {
+  uint32_t f = 0;
+  CUTE_UNROLL
+  for (int j = 0; j < kStages; ++j) f |= uint32_t(((n + kStages - 1 - j) / kStages) & 1) << j;
+  return f;
+}
 
 template <int PAGE_SIZE>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int kv_begin, int kv_end,
-                                        int num_tiles, int ptid) {
+                                        int num_tiles, int ptid, uint32_t ph) {
   const int sub = ptid % 8, n0 = ptid / 8;
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   const char* cache = static_cast<const char*>(a.kv_cache);
@@ -160,7 +181,7 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   for (int t = 0; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
     const int stage = t % kStages;
-    wait_barrier(&s.kv_empty[stage], ((t / kStages) & 1) ^ 1);  // the first use of a stage does not wait
+    wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);  // a first use does not wait
     const uint32_t base = smem_u32(s.kv[stage]);
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
@@ -180,23 +201,32 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) page[j] = next_page[j];
   }
-  cp_async_wait_all();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The math warpgroups' wgmma pieces.
 
+// The wgmma descriptor of k-step ks (32 bytes) of a 64-row LayoutTile: k-step 0's plus the step's byte
+// offset / 16 in the start-address field (bits 0-13, which shared addresses below 256 KiB never
+// overflow), so the loop adds constants instead of building 18 descriptors.
+__device__ __forceinline__ uint64_t tile_desc(uint64_t desc0, int ks) {
+  return desc0 + uint64_t(tile_offset(0, 32 * ks, kBlockN) >> 4);
+}
+
+static_assert(kBlockM == kBlockN, "Q and K tiles share tile_desc's k-step offsets");
+
 // S [64 x 64] = Q8 [64 x 576] K8^T over the 18 k-steps (shared-memory operands).
 __device__ __forceinline__ void issue_s(const Storage& s, int stage, float (&d)[32]) {
   Tensor sq = make_tensor(make_smem_ptr(s.q), LayoutTile{});
   Tensor sk = make_tensor(make_smem_ptr(s.kv[stage]), LayoutTile{});
+  const uint64_t da0 = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sq, Shape<_64, _32>{}, make_coord(0, 0))));
+  const uint64_t db0 = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sk, Shape<_64, _32>{}, make_coord(0, 0))));
   CUTE_UNROLL
   for (int i = 0; i < 32; ++i) warpgroup_fence_operand(d[i]);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int ks = 0; ks < kKSteps; ++ks) {
-    const uint64_t da = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sq, Shape<_64, _32>{}, make_coord(0, ks))));
-    const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(sk, Shape<_64, _32>{}, make_coord(0, ks))));
+    const uint64_t da = tile_desc(da0, ks), db = tile_desc(db0, ks);
     SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(
         da, db, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15],
         d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], d[30], d[31],
@@ -287,23 +317,34 @@ struct Math {
   int wg, warp, lane, row0;
   int kv_begin;
   int key_limit[2];
+  int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
   int pt_base, pt_swz;   // exp_store_pt: row0 * 64 + 4 (lane % 4), and (row0 >> 1) & 3
 };
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
 
-// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..).
+// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..); a tile that ends at or below the
+// warp's unmasked_end skips the mask (the test is the same for the whole warp).
 __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
   const int tile_start = c.kv_begin + tile * kBlockN;
-  CUTE_UNROLL
-  for (int i = 0; i < 32; ++i) {
-    const int r = (i >> 1) & 1;
-    const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-    const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
-    S[i] = v;
-    tile_max[r] = fmaxf(tile_max[r], v);
+  if (tile_start <= c.unmasked_end - kBlockN) {  // (written so that nothing overflows near INT_MAX)
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      S[i] *= c.score_scale[r];
+      tile_max[r] = fmaxf(tile_max[r], S[i]);
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
+      const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
+      S[i] = v;
+      tile_max[r] = fmaxf(tile_max[r], v);
+    }
   }
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -319,7 +360,7 @@ __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2f(m_run[r] - m_sub[r]);
+    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
     l[r] *= alpha[r];
     m_run[r] = m_new[r];
   }
@@ -350,27 +391,35 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
 // row sums of the unrounded P into l. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
 // 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
 // k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
-// thread's byte offset row0 * 64 + 4 q.
+// thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
+// k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
 __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
                                              float (&l)[2], E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   CUTE_UNROLL
-  for (int i = 0; i < 32; i += 2) {
-    const int r = (i >> 1) & 1;
-    const float p0 = exp2f(S[i] - m_sub[r]);
-    const float p1 = exp2f(S[i + 1] - m_sub[r]);
-    l[r] += p0 + p1;
-    const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4) + 2 * ((i >> 2) & 1);
-    *reinterpret_cast<uint16_t*>(base + off) = e4m3x2(p0 * kPScale, p1 * kPScale);
+  for (int g = 0; g < 32; g += 8) {
+    CUTE_UNROLL
+    for (int i = g; i < g + 4; i += 2) {
+      const int r = (i >> 1) & 1;
+      const float p0 = exp2_ftz(S[i] - m_sub[r]);
+      const float p1 = exp2_ftz(S[i + 1] - m_sub[r]);
+      const float p2 = exp2_ftz(S[i + 4] - m_sub[r]);
+      const float p3 = exp2_ftz(S[i + 5] - m_sub[r]);
+      l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
+      l[r] += p2 + p3;
+      const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4);
+      *reinterpret_cast<uint32_t*>(base + off) =
+          uint32_t(e4m3x2(p0 * kPScale, p1 * kPScale)) | (uint32_t(e4m3x2(p2 * kPScale, p3 * kPScale)) << 16);
+    }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The seesaw over the CTA's tiles (consumer_rows64.cuh consume_two_stage, P V first: tile a's stage is
-// released before S(b) is issued).
+// released before S(b) is issued); ph as in produce.
 
-__device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, float (&o)[4][32], float (&m_run)[2],
-                                        float (&l_run)[2]) {
+__device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, uint32_t ph, float (&o)[4][32],
+                                        float (&m_run)[2], float (&l_run)[2]) {
   float m_new[2], m_sub[2], alpha[2], S[32];
   const VtAddr vt(s, c.wg, c.warp, c.lane);
   // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
@@ -396,7 +445,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
     rescale_cols(o, s.row_alpha[st], c.lane);
   };
   auto own_s = [&](int st, int tile) {
-    wait_barrier(&s.kv_full[st], (tile / kStages) & 1);
+    wait_barrier(&s.kv_full[st], ((tile / kStages) ^ int(ph >> st)) & 1);
     issue_s(s, st, S);
     warpgroup_wait<0>();
     fence_acc(S);
@@ -453,34 +502,14 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kernel of a variant of dtype fp8_e4m3_fast (launch.cuh): grid x = m_block + num_m_blocks * request,
-// y = split. With num_kv_splits > 1 each CTA writes its normalised 16-bit piece and lse to the workspace
-// and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
+// One (request, row block, key range) of the math warpgroups: Q, the seesaw and the epilogue, which
+// writes out and lse (piece_row < 0) or the workspace piece whose first row is piece_row. ph as in
+// produce. tid: the thread's index among the math threads.
 
-template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
-  extern __shared__ char smem_raw[];
-  char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
-  Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
+template <int NUM_HEADS>
+__device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row,
+                                          int tid, uint32_t ph) {
   const MlaDecodeArgs& a = p.a;
-  if (threadIdx.x == 0) {
-    CUTE_UNROLL
-    for (int st = 0; st < kStages; ++st) {
-      cutlass::arch::ClusterBarrier::init(&s.kv_full[st], kProducerThreads);
-      cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], 4 * kNumWarpgroups);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-  if (threadIdx.x < kProducerThreads) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
-    const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-    if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x);
-    return;
-  }
-  cutlass::arch::warpgroup_reg_alloc<232>();
-  const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-  const int tid = threadIdx.x - kProducerThreads;
   Math c;
   c.wg = __shfl_sync(0xffffffff, tid / 128, 0);
   c.warp = (tid % 128) / 32;
@@ -499,6 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
     c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
   }
+  c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float o[4][32];
   CUTE_UNROLL
   for (int mb = 0; mb < 4; ++mb) {
@@ -506,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
   }
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  if (w.num_tiles > 0) consume(s, c, w.num_tiles, o, m_run, l_run);
+  if (w.num_tiles > 0) consume(s, c, w.num_tiles, ph, o, m_run, l_run);
 
   // Row sums of both warpgroups (S layout) and the final max (warpgroup 0's copy), then per O^T column:
   // 1 / l and lse. row_max[0] is free: every warp is past its last hand-over read.
@@ -525,7 +555,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
   // Per row n, by thread n of the math warps: lse, and O's factor 1 / l (times k_scale / kPScale) into
   // row_alpha[0] (free: every hand-over read is done).
   const float nan = __int_as_float(0x7fc00000);
-  const bool split = a.num_kv_splits > 1;
   if (tid < kBlockM) {
     const int n = tid, grow = w.m_block * kBlockM + n;
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
@@ -533,19 +562,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     const float l = s.row_sum[0][n] + s.row_sum[1][n];
     s.row_alpha[0][n] = w.bad_len ? nan : (l > 0.f ? k_scale / (kPScale * l) : 0.f);
     const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
-    if (q.valid && split) {
-      split_workspace<Piece>(a).lse[(int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads +
-                                    int64_t(qi) * a.num_heads + h] = lse;
+    if (q.valid && piece_row >= 0) {
+      split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
     } else if (q.valid) {
       a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
     }
   }
-  // Normalised O: each warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in ring
-  // stage wg (every read of the ring is done: kBarEnd above), the row-major layout copy_staged_rows
-  // reads (16-byte chunk c of row r at c ^ (r % 8); a warp's 32 stores per (jj, mb) hit 32 distinct
-  // banks), then copies whole rows out in a rolled loop: the epilogue runs once per CTA, so its code
-  // is kept small (a cold call fetches it from DRAM).
-  char* stage = reinterpret_cast<char*>(s.kv[c.wg]);
+  // Normalised O: each warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in the
+  // memory of Q and P^T (Storage; every read of both is done: kBarEnd above), the row-major layout
+  // copy_staged_rows reads (16-byte chunk c of row r at c ^ (r % 8); a warp's 32 stores per (jj, mb) hit
+  // 32 distinct banks), then copies whole rows out in a rolled loop: the epilogue runs once per CTA
+  // (per segment, scheduled), so its code is kept small (a cold call fetches it from DRAM).
+  char* stage = reinterpret_cast<char*>(s.q) + c.wg * kStagedBytes;
   math_barrier(kBarEnd);  // every row's factor is in row_alpha[0]
   {
     // O^T column o_col(jj) = row 8 (jj >> 1) + n_lo, n_lo = 2 (lane % 4) + (jj & 1); dims d, d + 1 with
@@ -569,26 +597,102 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     }
   }
   warpgroup_barrier(kBarOwnP + c.wg);
-  const int64_t piece0 = (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads;
   auto dst_of = [&](uint32_t row) -> char* {
     const int grow = w.m_block * kBlockM + int(row);
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
     const QueryRow q = query_row(a, w.b, qi, h);
     if (!q.valid) return nullptr;
-    Piece* dst = split ? split_workspace<Piece>(a).o + (piece0 + int64_t(qi) * a.num_heads + h) * kHeadDimV
-                       : static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
-                             int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
+    Piece* dst = piece_row >= 0
+                     ? split_workspace<Piece>(a).o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV
+                     : static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
+                           int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
     return reinterpret_cast<char*>(dst + c.wg * (kHeadDimV / kNumWarpgroups));
   };
   // Workspace rows are 16-byte aligned (launch.cuh checks the workspace); out rows may be 8-byte only.
   const bool aligned16 =
-      split || ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Piece) |
-                 uintptr_t(a.out_stride_token) * sizeof(Piece) | uintptr_t(a.out_stride_head) * sizeof(Piece)) %
-                16) == 0;
+      piece_row >= 0 || ((reinterpret_cast<uintptr_t>(a.out) | uintptr_t(a.out_stride_batch) * sizeof(Piece) |
+                          uintptr_t(a.out_stride_token) * sizeof(Piece) | uintptr_t(a.out_stride_head) * sizeof(Piece)) %
+                         16) == 0;
   if (aligned16) {
     copy_staged_rows<Piece, true>(stage, tid % 128, dst_of);
   } else {
     copy_staged_rows<Piece, false>(stage, tid % 128, dst_of);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The balanced schedule (schedule.cuh): the CTA's run of (request, tile) pairs, one segment per request
+// it touches, walked as scheduled.cuh walks it for the 16-bit path. Each segment's tile 0 takes stage
+// 0, and ph carries each stage's use parity from segment to segment. The producer needs no hand-over
+// with the epilogue (it stages O outside the ring), so it fills the next segment's first tiles while the
+// math warpgroups finish the last one.
+
+template <int NUM_HEADS, int PAGE_SIZE>
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid) {
+  uint32_t ph = 0;
+  for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+    if (w.num_tiles == 0) return;
+    produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph);
+    ph ^= stage_flips(w.num_tiles);
+  });
+}
+
+// A segment without tiles only writes its placed rows (out 0 and lse -inf, or NaN). Between segments
+// both warpgroups meet (kBarEnd): the next segment's Q and P^T overwrite the memory where the last
+// one's O was staged. for_each_segment keeps only its cursor live, and this walk only ph: rows_fast
+// needs every register.
+template <int NUM_HEADS, int PAGE_SIZE>
+__device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage& s, int tid) {
+  uint32_t ph = 0;
+  for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * p.a.q_len * p.a.num_heads;
+    rows_fast<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+    ph ^= stage_flips(w.num_tiles);
+    math_barrier(kBarEnd);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel of a variant of dtype fp8_e4m3_fast (launch.cuh): grid x = m_block + num_m_blocks * request,
+// y = split (SCHED: x = m_block + num_m_blocks * c, the balanced schedule's CTA c). With num_kv_splits > 1
+// (or a request the schedule shares among CTAs) each CTA writes its normalised 16-bit piece and lse to the
+// workspace and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
+
+template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
+  static_assert(!SCHED || SPLIT, "a scheduled launch writes workspace pieces: split variants only");
+  extern __shared__ char smem_raw[];
+  char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
+  Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
+  const MlaDecodeArgs& a = p.a;
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int st = 0; st < kStages; ++st) {
+      cutlass::arch::ClusterBarrier::init(&s.kv_full[st], kProducerThreads);
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], 4 * kNumWarpgroups);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < kProducerThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if constexpr (SCHED) {
+      produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x);
+    } else {
+      const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+      if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u);
+    }
+    cp_async_wait_all();  // do not retire with copies in flight
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int tid = threadIdx.x - kProducerThreads;
+  if constexpr (SCHED) {
+    consume_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, tid);
+  } else {
+    const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+    const int64_t piece_row = a.num_kv_splits > 1 ? (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads : -1;
+    rows_fast<NUM_HEADS>(p, s, w, piece_row, tid, 0u);
   }
   allow_dependent_launch<SPLIT>();
 }

@@ -202,10 +202,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     ctx.warp = tid_wg / 32;
     ctx.lane = lane;
     float m_run[kRows / 4], l_run[kRows / 4];
+    int least_limit = kv_end;
     CUTE_UNROLL
     for (int j = 0; j < kRows / 4; ++j) {
       const int qi = (m_block * kRows + st_col_of_index(j, lane)) / NUM_HEADS;
       const int limit = min(kv_end, seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+      least_limit = min(least_limit, limit);
       if constexpr (kKeyLimitShared<Storage>) {
         // This warp's row of s.key_limit (st_softmax_to_pt): lanes 0-3 write all kRows columns.
         if (lane < 4) s.key_limit[tid / 32][st_col_of_index(j, lane)] = limit;
@@ -215,6 +217,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
       m_run[j] = -INFINITY;
       l_run[j] = 0.f;
     }
+    ctx.unmasked_end = __reduce_min_sync(0xffffffff, least_limit);
     __syncwarp();
     if constexpr (Storage::kRegWiden) {
       if (num_tiles > 0) convert_q_st_fp8(s, tid);  // the producer only copied Q's bf16 rows

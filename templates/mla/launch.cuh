@@ -127,7 +127,8 @@ int launch(const MlaDecodeArgs* args) {
     return int(cudaErrorInvalidValue);
   }
   if (a.batch == 0) return int(cudaSuccess);
-  // A balanced schedule (schedule.cuh) runs on split variants of the 64-row path with 16-bit caches.
+  // A balanced schedule (schedule.cuh) runs on split variants of the 64-row path with 16-bit caches and
+  // on fast-mode split variants (VariantTraits::kBalanced).
   const bool scheduled = a.schedule != nullptr;
   if (scheduled && (!Facts::kBalanced || a.sched_ctas < 1 ||
                     reinterpret_cast<uintptr_t>(a.schedule) % 8 != 0)) {
@@ -146,10 +147,10 @@ int launch(const MlaDecodeArgs* args) {
 
   DecodeParams p;
   p.a = a;
-  // The second kernel when every split of the launch is short enough (config.cuh SecondKernel).
+  // The second kernel when every split of a uniform launch is short enough (config.cuh SecondKernel).
   bool second = false;
   if constexpr (Facts::kSecondMaxSplitKeys > 0) {
-    second = max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
+    second = !scheduled && max_split_keys(a, PAGE_SIZE) <= Facts::kSecondMaxSplitKeys;
   }
   const int rows = second ? Facts::kSecondRows : rows_for(NUM_HEADS * a.q_len, Facts::kRows, Facts::kMaxRows);
   // A transposed 16-bit variant's 64-row kernel, in its second unit, also serves requests of more than
@@ -192,8 +193,11 @@ int launch(const MlaDecodeArgs* args) {
   if (second) {  // the variant's second kernel (second_kernel.cuh), fast variants' included
     if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
   } else if constexpr (CacheTypes<Cache>::kFast) {
-    err = launch_decode_kernel<fast::Storage>(fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid,
-                                              stream);
+    auto kernel = fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>;
+    if constexpr (Facts::kBalanced) {
+      if (scheduled) kernel = fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT, true>;
+    }
+    err = launch_decode_kernel<fast::Storage>(kernel, p, grid, stream);
   } else if constexpr (Facts::kMaxRows > Facts::kRows) {
     err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
   } else {

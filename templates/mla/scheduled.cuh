@@ -1,6 +1,8 @@
 // The balanced schedule's walk inside the decode kernel (schedule.cuh holds the schedule's layout and
 // schedule.cu the kernel that makes it): a scheduled CTA covers the (request, tile) range [B_c, B_c+1),
-// one segment per request it touches. Only the 64-row path of 16-bit caches takes it (kSchedulable).
+// one segment per request it touches. The 64-row path of 16-bit caches takes it (kSchedulable; this
+// file's produce_scheduled / consume_scheduled), and so does the fp8 fast kernel (fp8_fast.cuh, with its
+// own producer and math warpgroups over the same walk, for_each_segment).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -65,14 +67,11 @@ __device__ __forceinline__ bool sched_before(int b, int t, int end_b, int end_t)
   return b < end_b || (b == end_b && t < end_t);
 }
 
-// The scheduled producer: per segment with tiles, Q (once the math warps are done with the previous
-// segment's Q: q_empty) and its tiles. The ring continues across segments: each stage counts its own
-// uses, a segment's tile 0 always takes stage 0, and `state` carries the parities: bits 0-1 those of
-// the stages' next uses, bit 2 Q's next fill, bit 3 set once Q was filled. The producer runs at 40
-// registers, so the loop keeps only b and state live across produce: the CTA index is read again
-// from %ctaid and the end bound from the schedule on every segment.
-template <class Cache, int NUM_HEADS, int PAGE_SIZE, class Storage>
-__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, const void* kv_map) {
+// The CTA's segments in order: segment(w) for each (sched_segment's CtaWork). The loop keeps only the
+// cursor live across a segment: the CTA index is read again from %ctaid and the end bound from the
+// schedule each time, which the producers (40 registers) and the fast kernel's math warpgroups need.
+template <int NUM_HEADS, int PAGE_SIZE, class Segment>
+__device__ __forceinline__ void for_each_segment(const DecodeParams& p, Segment&& segment) {
   const ScheduleView sv{p.a.schedule, p.a.sched_ctas};
   int b, t;
   {
@@ -81,21 +80,32 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
     b = sv.bound_req(c);
     t = sv.bound_tile(c);
   }
-  int state = 0;
-  trace_at(p, 0).stamp(kTraceProducerStart);
   for (;; ++b, t = 0) {
     int c, m_block;
     sched_cta(p, c, m_block);
     const int end_b = sv.bound_req(c + 1), end_t = sv.bound_tile(c + 1);
     if (!sched_before(b, t, end_b, end_t)) break;
-    const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
-    if (w.num_tiles == 0) continue;
+    segment(sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t));
+  }
+}
+
+// The scheduled producer: per segment with tiles, Q (once the math warps are done with the previous
+// segment's Q: q_empty) and its tiles. The ring continues across segments: each stage counts its own
+// uses, a segment's tile 0 always takes stage 0, and `state` carries the parities: bits 0-1 those of
+// the stages' next uses, bit 2 Q's next fill, bit 3 set once Q was filled. The producer runs at 40
+// registers: for_each_segment keeps only its cursor live across produce, and this walk only state.
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, class Storage>
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, const void* kv_map) {
+  int state = 0;
+  trace_at(p, 0).stamp(kTraceProducerStart);
+  for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+    if (w.num_tiles == 0) return;
     if (state & 8) wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
-    produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
+    produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, w.m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
                                          kv_map, state & 3);
     state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
     state |= 8;
-  }
+  });
   trace_at(p, 0).stamp(kTraceProducerDone);
 }
 
