@@ -151,8 +151,9 @@ def test_seq_len_int32_max(heads, dtype):
     ref_out = (torch.softmax(w, -1) @ rows[:, :512]).float().view(1, 1, heads, 512)
     ref_lse = torch.logsumexp(w, -1).float().view(1, heads, 1)
     # 16-bit paths: the tensor cores truncate their fp32 accumulator, which drifts about 1.5% over the
-    # 2**23 keys of one split (design.md 1, "Accumulation"), against 1e-2 by default.
-    tol = dict(FP8_FAST_TOLERANCE) if fast else dict(rel_l2_tol=3e-2, cos_tol=1e-4)
+    # 2**23 keys of one split (design.md 1, "Accumulation"; an H100 measured 1.3-1.5e-2 relative L2,
+    # elements up to 1.4e-3 off), against 1e-2 and 1e-3 by default.
+    tol = dict(FP8_FAST_TOLERANCE) if fast else dict(atol=3e-3, rtol=4e-2, rel_l2_tol=3e-2, cos_tol=1e-4)
     tol["lse_atol"] = 1e-2
     _check(out, lse, ref_out.cuda(), ref_lse.cuda(), what=f"seq_len 2**31 - 1, {heads} heads, {dtype}, page {p}", **tol)
 
