@@ -175,6 +175,22 @@ def capture_graph(step) -> "torch.cuda.CUDAGraph":
     return graph
 
 
+def replay_steps(graph: "torch.cuda.CUDAGraph", seq_lens: torch.Tensor, steps: list[list[int]], out: torch.Tensor,
+                 lse: torch.Tensor, reference, **tolerance) -> None:
+    """Replay a captured decode step once per entry of `steps` (each a list of seq_lens, int, one per
+    request), with `seq_lens` (the int32 device tensor the graph reads) set to it and `out` prefilled
+    with NaN; after each replay, compare out / lse with `reference()` (returning the fp32 reference's
+    (out, lse) for the current seq_lens) under compare()'s `tolerance`. Raises AssertionError naming the
+    step whose result is off."""
+    for new in steps:
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        problems = compare(out, lse, *reference(), **tolerance)
+        assert not problems, f"seq_lens {new}: {problems}"
+
+
 def as_token_pages(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same cache memory seen as page_size 1: ([num_pages * page_size, 1, 576] view, token-level
     block_table [batch, max_pages * page_size] int32). Used to time a page-P variant against the

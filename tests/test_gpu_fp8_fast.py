@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 from mla_variants import (MLADecodePlan, MLAInputError, _binding, mla_decode, mla_decode_reference,  # noqa: E402
                           mla_decode_varlen, mla_decode_varlen_reference)
 from mla_variants.testing import (FP8_FAST_TOLERANCE, capture_graph, compare, make_paged_case,  # noqa: E402
-                                  run_nan_prefilled)
+                                  replay_steps, run_nan_prefilled)
 
 FP8 = torch.float8_e4m3fn
 
@@ -233,15 +233,9 @@ def test_fast_balanced_plan_in_a_graph_follows_seq_lens():
         plan.schedule(seq_lens, max_seq_len=max_keys)
         plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse, k_scale=scale)
 
-    graph = capture_graph(step)
-    for new in steps:
-        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, k_scale=0.5)
-        problems = compare(out, lse, *ref, **FP8_FAST_TOLERANCE)
-        assert not problems, f"{new}: {problems}"
+    replay_steps(capture_graph(step), seq_lens, steps, out, lse,
+                 lambda: mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale,
+                                              k_scale=0.5), **FP8_FAST_TOLERANCE)
 
 
 def test_fast_balanced_varlen_skips_padding_blocks():

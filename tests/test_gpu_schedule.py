@@ -12,7 +12,7 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
     pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
 
 from mla_variants import MLADecodePlan, MLAInputError, _binding, mla_decode_reference  # noqa: E402
-from mla_variants.testing import capture_graph, compare, make_paged_case  # noqa: E402
+from mla_variants.testing import capture_graph, compare, make_paged_case, replay_steps  # noqa: E402
 
 
 def _keys(max_count=None):
@@ -109,14 +109,8 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
         plan.schedule(seq_lens, max_seq_len=max_keys)
         plan.run(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale, out=out, lse=lse)
 
-    graph = capture_graph(step)
-    for new in steps:
-        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale)
-        assert not compare(out, lse, ref_out, ref_lse), new
+    replay_steps(capture_graph(step), seq_lens, steps, out, lse,
+                 lambda: mla_decode_reference(case.q, case.kv_cache, case.block_table, seq_lens, case.softmax_scale))
 
 
 def test_schedule_argument_errors():
