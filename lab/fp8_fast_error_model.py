@@ -31,6 +31,7 @@ Designs (each a combination of the switches in `emulate`):
   kernel    the fast kernel as built (design.md 3.3): q per (token, head) over all 576 columns, S in one
             accumulator, P x 2^8, row sums before rounding, O^T promoted per tile; 13-bit accumulator
   kernel-unpromoted  kernel with O^T kept in the accumulator (before the promotion)
+  kernel-s-promoted  kernel with S promoted per 128 columns as well
 """
 from __future__ import annotations
 
@@ -166,6 +167,8 @@ DESIGNS = {
                    acc_bits=13, exact_l=True),
     "kernel-unpromoted": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=False,
                               promote_s=False, acc_bits=13, exact_l=True, o_steps=True),
+    "kernel-s-promoted": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=True,
+                              promote_s=True, acc_bits=13, exact_l=True),
 }
 
 
