@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
 from mla_variants import mla_decode  # noqa: E402
+from mla_variants.testing import capture_graph  # noqa: E402
 
 
 def sample_while(graph, seconds: float) -> tuple[float, list[tuple[float, float]]]:
@@ -70,20 +71,6 @@ def report(name: str, calls_per_replay: int, us: float, samples: list[tuple[floa
           f"{power * per_call * 1e-3:.2f} mJ/call ({len(samples)} samples)")
 
 
-def graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("heads", "batch", "seq", "page"):
@@ -101,7 +88,7 @@ def main() -> None:
     extra = {}
     if a.fp8:
         kv, extra = (kv.float() / 0.5).to(torch.float8_e4m3fn), {"k_scale": 0.5, "fp8_mode": a.fp8}
-    graph = graph_of(lambda: mla_decode(q, kv, table, lens, 0.07, **extra), a.calls)
+    graph = capture_graph(lambda: [mla_decode(q, kv, table, lens, 0.07, **extra) for _ in range(a.calls)])
     us, samples = sample_while(graph, a.seconds)
     flops = 2 * a.heads * a.batch * a.seq * (576 + 512)
     tflops = flops / (us / a.calls) * 1e-6
@@ -111,7 +98,7 @@ def main() -> None:
         n = max(1024, round((flops / 2) ** (1 / 3) / 256) * 256)
         x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        graph = graph_of(lambda: x @ y, a.calls)
+        graph = capture_graph(lambda: [x @ y for _ in range(a.calls)])
         us, samples = sample_while(graph, a.seconds)
         report(f"gemm {n}^3 bf16 ({2 * n ** 3 / (us / a.calls) * 1e-6:.0f} TFLOP/s)", a.calls, us, samples)
 
