@@ -10,7 +10,7 @@ the cache stored as e4m3 of real / k_scale, softmax_scale 1/sqrt(192)) and print
 out and lse against the fp32 reference over the dequantized cache, the measure the anchors file
 records for each peer.
 
-    python lab/fp8_fast_error_model.py [--heads 16 128] [--seq 4096 16384] [--requests 2]
+    python lab/fp8_fast_error_model.py [--heads 16 128] [--seq 4096 16384] [--requests 2] [--designs ...]
 
 Designs (each a combination of the switches in `emulate`):
   fork      q in e4m3 with one scale per tensor, all 576 columns e4m3, P in e4m3 unscaled (P <= 1),
@@ -28,6 +28,10 @@ Designs (each a combination of the switches in `emulate`):
             P' in e4m3 on a per-row power-of-2 scale, O += P' V + c colsum(V); row sums from fp32 P
   fast-center-flat  fast-center for rows whose mean p over the tile exceeds 1/4 only
   fast-center-q2  fast-center with q as two e4m3 terms
+  kernel    the fast kernel as built (design.md 3.3): q per (token, head) over all 576 columns, S in one
+            accumulator, P x 2^8, row sums before rounding, O^T promoted per tile; 13-bit accumulator
+  kernel-unpromoted  kernel with O^T kept in the accumulator (before the promotion)
+  kernel-s-promoted  kernel with S promoted per 128 columns as well
 """
 from __future__ import annotations
 
@@ -72,13 +76,19 @@ def accumulate(a: torch.Tensor, b: torch.Tensor, k_step: int, group: int | None,
 
 def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: str, rope16: bool, p_scale: float,
             promote: bool, acc_bits: int, q_terms: int = 1, center: bool | str = False, exact_l: bool = False,
-            tile: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+            tile: int = 64, promote_s: bool | None = None, o_steps: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One request: q [heads, 576] (bf16 values as fp32), kv_real [seq, 576] real values. Returns (out
-    [heads, 512], lse [heads]) of the emulated kernel."""
+    [heads, 512], lse [heads]) of the emulated kernel. promote: each tile's partial (and S's per 128
+    columns) promoted into fp32. promote_s: S's promotion alone (default: as promote). o_steps, without
+    promote: O accumulates in the accumulator itself, truncated after each 32-token k-step's add (the
+    fast kernel before its promotion); otherwise the tile's product is truncated into O once."""
+    promote_s = promote if promote_s is None else promote_s
     cache = e4m3(kv_real / k_scale)                       # what the cache holds
     lat, rope = slice(0, 512), slice(512, 576)
     if q_scale == "tensor":
         sq = q.abs().max().clamp_min(1e-30) / E4M3_MAX * torch.ones(q.shape[0], 1)
+    elif q_scale == "token_head_576":                     # per (token, head) over all 576 columns
+        sq = q.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / E4M3_MAX
     else:                                                 # per (token, head)
         sq = q[:, lat].abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / E4M3_MAX
     cols = lat if rope16 else slice(0, 576)
@@ -86,10 +96,10 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
         s = (q[:, cols] @ cache[:, cols].T) * k_scale
     else:
         q8 = e4m3(q[:, cols] / sq)
-        s = accumulate(q8, cache[:, cols].T, 32, 128 if promote else None, acc_bits) * sq * k_scale
+        s = accumulate(q8, cache[:, cols].T, 32, 128 if promote_s else None, acc_bits) * sq * k_scale
         if q_terms == 2:                                  # q = sq (q8 + q8_lo / 16): a second e4m3 term
             q8_lo = e4m3((q[:, cols] / sq - q8) * 16.0)
-            s = s + accumulate(q8_lo, cache[:, cols].T, 32, 128 if promote else None, acc_bits) * sq * k_scale / 16.0
+            s = s + accumulate(q8_lo, cache[:, cols].T, 32, 128 if promote_s else None, acc_bits) * sq * k_scale / 16.0
     if rope16:
         s = s + (q[:, rope] @ cache[:, rope].T) * k_scale  # 16-bit operands, exact products, fp32 sums
     s = s * SOFTMAX_SCALE
@@ -119,7 +129,13 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
         else:
             p8 = e4m3(p * p_scale)                        # P as the PV wgmma reads it
             l = l * alpha + (p.sum(dim=1, keepdim=True) if exact_l else p8.sum(dim=1, keepdim=True) / p_scale)
-            pv = accumulate(p8, v, 32, tile if promote else None, acc_bits) / p_scale
+            if o_steps and not promote:                   # O in the accumulator: every k-step's add truncates
+                o = o * alpha
+                for k0 in range(0, v.shape[0], 32):
+                    o = trunc_bits(o + p8[:, k0:k0 + 32] @ v[k0:k0 + 32] / p_scale, acc_bits)
+                m = m_new
+                continue
+            pv = accumulate(p8, v, 32, tile, acc_bits) / p_scale
         o = o * alpha + pv if promote else trunc_bits(o * alpha + pv, acc_bits)
         m = m_new
     return o / l * k_scale, (m + torch.log(l)).squeeze(1)
@@ -145,6 +161,14 @@ DESIGNS = {
     "fast-center-flat": dict(q_scale="token_head", rope16=True, p_scale=1.0, promote=True, acc_bits=14, center="flat"),
     "fast-center-q2": dict(q_scale="token_head", rope16=True, p_scale=1.0, promote=True, acc_bits=14, center=True,
                            q_terms=2),
+    # The fast kernel as built (design.md 3.3): q per row in e4m3 over all 576 columns, S in one accumulator,
+    # P x 2^8, row sums from P before rounding, O^T promoted per tile; the accumulator keeps 13 bits (FP22).
+    "kernel": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=True, promote_s=False,
+                   acc_bits=13, exact_l=True),
+    "kernel-unpromoted": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=False,
+                              promote_s=False, acc_bits=13, exact_l=True, o_steps=True),
+    "kernel-s-promoted": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=True,
+                              promote_s=True, acc_bits=13, exact_l=True),
 }
 
 
@@ -155,6 +179,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--k-scale", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--designs", nargs="+", choices=sorted(DESIGNS), default=list(DESIGNS),
+                    help="the designs to emulate (default: all)")
     ap.add_argument("--q-std", type=float, default=0.1,
                     help="q's standard deviation (0.1: the benchmark's flat softmax; 2-4: peaked, most P near 0)")
     args = ap.parse_args()
@@ -162,13 +188,13 @@ def main() -> None:
     print(f"max abs error against fp32 over the dequantized cache, {args.requests} requests, q std {args.q_std}")
     for heads in args.heads:
         for seq in args.seq:
-            worst = {d: [0.0, 0.0] for d in DESIGNS}
+            worst = {d: [0.0, 0.0] for d in args.designs}
             for _ in range(args.requests):
                 q = (torch.randn(heads, 576, generator=g) * args.q_std).bfloat16().float()
                 kv_real = (torch.randn(seq, 576, generator=g) * 0.1).bfloat16().float()
                 ref_o, ref_l = reference(q, kv_real, args.k_scale)
-                for d, kw in DESIGNS.items():
-                    o, l = emulate(q, kv_real, args.k_scale, **kw)
+                for d in args.designs:
+                    o, l = emulate(q, kv_real, args.k_scale, **DESIGNS[d])
                     worst[d][0] = max(worst[d][0], (o - ref_o).abs().max().item())
                     worst[d][1] = max(worst[d][1], (l - ref_l).abs().max().item())
             print(f"{heads} heads, {seq} keys:", flush=True)

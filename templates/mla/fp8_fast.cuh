@@ -270,41 +270,44 @@ struct VtAddr {
   }
 };
 
-// O^T [this warpgroup's 256 dims x 64 rows] += V^T P^T: 4 m-blocks x 2 k-steps of register-sourced
-// fp8 wgmma (m64 n64 k32), B = P^T of the stage.
-__device__ __forceinline__ void issue_pv(const Storage& s, int stage, const VtAddr& vt, float (&o)[4][32]) {
-  Tensor spt = make_tensor(make_smem_ptr(s.pt[stage]), LayoutPt{});
-  CUTE_UNROLL
-  for (int mb = 0; mb < 4; ++mb) {
-    CUTE_UNROLL
-    for (int i = 0; i < 32; ++i) warpgroup_fence_operand(o[mb][i]);
-  }
-  warpgroup_arrive();
-  CUTE_UNROLL
-  for (int mb = 0; mb < 4; ++mb) {
-    CUTE_UNROLL
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t a[4];
-      a_vt(vt.at(stage, mb, ks), a);
-      const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(spt, Shape<_64, _32>{}, make_coord(0, ks))));
-      float(&d)[32] = o[mb];
-      SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(
-          a[0], a[1], a[2], a[3], db, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12],
-          d[13], d[14], d[15], d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28],
-          d[29], d[30], d[31], GMMA::ScaleOut::One);
-    }
-  }
-  warpgroup_commit_batch();
-}
-
 template <int N>
 __device__ __forceinline__ void fence_acc(float (&x)[N]) {
   CUTE_UNROLL
   for (int i = 0; i < N; ++i) warpgroup_fence_operand(x[i]);
 }
-__device__ __forceinline__ void fence_o(float (&o)[4][32]) {
+
+// One m-block of V^T P^T [64 of this warpgroup's dims x 64 rows] into t, which it clears: two k-steps of
+// register-sourced fp8 wgmma (m64 n64 k32), B = P^T of the stage. One commit group.
+__device__ __forceinline__ void issue_pv_block(const Storage& s, int stage, const VtAddr& vt, int mb, float (&t)[32]) {
+  Tensor spt = make_tensor(make_smem_ptr(s.pt[stage]), LayoutPt{});
+  fence_acc(t);
+  warpgroup_arrive();
   CUTE_UNROLL
-  for (int mb = 0; mb < 4; ++mb) fence_acc(o[mb]);
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t a[4];
+    a_vt(vt.at(stage, mb, ks), a);
+    const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(spt, Shape<_64, _32>{}, make_coord(0, ks))));
+    SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(
+        a[0], a[1], a[2], a[3], db, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12],
+        t[13], t[14], t[15], t[16], t[17], t[18], t[19], t[20], t[21], t[22], t[23], t[24], t[25], t[26], t[27], t[28],
+        t[29], t[30], t[31], ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+  }
+  warpgroup_commit_batch();
+}
+
+// O^T [this warpgroup's 256 dims x 64 rows] += V^T P^T, promoted per tile: the fp8 wgmma keeps its
+// accumulator to 13 mantissa bits, truncated (design.md 1, "Accumulation"), so each m-block's tile
+// product goes into a cleared accumulator t and is then added to O^T in fp32 registers.
+__device__ __forceinline__ void pv_promoted(const Storage& s, int stage, const VtAddr& vt, float (&o)[4][32]) {
+  float t[32];
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) {
+    issue_pv_block(s, stage, vt, mb, t);
+    warpgroup_wait<0>();
+    fence_acc(t);
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) o[mb][i] += t[i];
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -455,9 +458,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
     for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m_run[r], tile_max[r]);
   };
   auto pv = [&](int st) {
-    issue_pv(s, st, vt, o);
-    warpgroup_wait<0>();
-    fence_o(o);
+    pv_promoted(s, st, vt, o);
     if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);
   };
   for (int i = 0; i < (num_tiles + 1) / 2; ++i) {
