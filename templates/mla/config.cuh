@@ -46,8 +46,14 @@ constexpr int kThreadsPerRow = 8;                       // producer threads that
 // 65536 / threads rounded down to a multiple of 8, and a warpgroup's setmaxnreg.inc waits until the
 // pool has what it asks for, so a larger sum would hang every CTA (regs_fit below).
 
+#if defined(MLA_TRACE) && MLA_TRACE
+// A trace build (trace.cuh) also stamps from the producer, whose page-1 gathers fill 40 registers.
+constexpr int kProducerRegs = 48;  // 64-row path, 16-bit caches
+constexpr int kMathRegs = 224;
+#else
 constexpr int kProducerRegs = 40;  // 64-row path, 16-bit caches
 constexpr int kMathRegs = 232;
+#endif
 constexpr int kProducerRegsFp8 = 80;  // 64-row path, fp8 (copy + widening warps)
 constexpr int kMathRegsFp8 = 208;
 constexpr int kProducerRegsSt = 56;  // transposed path, two math warpgroups
