@@ -23,6 +23,7 @@
 #include "layouts.cuh"
 #include "mma.cuh"
 #include "params.cuh"
+#include "row_softmax.cuh"
 
 namespace mla {
 
@@ -44,49 +45,13 @@ struct MathContext {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Softmax pieces on a 64 x N fp32 accumulator fragment. Element i of a thread's fragment is row
-// row0 + 8 * ((i >> 1) & 1), column (i >> 2) * 8 + 2 * (lane % 4) + (i & 1).
+// Softmax pieces on a 64 x N fp32 accumulator fragment (row_softmax.cuh has the layout).
 
-// Scale to the log2 domain, mask keys >= key_limit (column n is key tile_start + n), row max. A tile
-// that ends at or below the warp's unmasked_end (every tile but a split's or a causal row's last, in
-// practice) skips the mask: the test is the same for the whole warp.
+// scale_mask_rowmax (row_softmax.cuh) on the S fragment, with the context's scale and limits.
 template <class Frag>
 __device__ __forceinline__ void scale_mask_rowmax(Frag& S, const MathContext& c, int tile_start, float (&tile_max)[2]) {
-  tile_max[0] = tile_max[1] = -INFINITY;
-  if (tile_start <= c.unmasked_end - 2 * int(size(S))) {  // a tile of 2 size(S) keys; no int overflow near INT_MAX
-    CUTE_UNROLL
-    for (int i = 0; i < size(S); ++i) {
-      const int r = (i >> 1) & 1;
-      S(i) *= c.score_scale;
-      tile_max[r] = fmaxf(tile_max[r], S(i));
-    }
-  } else {
-    CUTE_UNROLL
-    for (int i = 0; i < size(S); ++i) {
-      const int r = (i >> 1) & 1;
-      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-      const float v = key < c.key_limit[r] ? S(i) * c.score_scale : -INFINITY;
-      S(i) = v;
-      tile_max[r] = fmaxf(tile_max[r], v);
-    }
-  }
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {  // the four threads of a row hold its columns
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-  }
-}
-
-// The running max becomes m_new: alpha = the factor for what was accumulated so far, m_sub = what
-// the tile's scores subtract.
-__device__ __forceinline__ void advance_max(float (&m_run)[2], const float (&m_new)[2], float (&alpha)[2],
-                                            float (&m_sub)[2]) {
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
-    m_run[r] = m_new[r];
-  }
+  scale_mask_rowmax<decltype(size(S))::value>([&](int i) -> float& { return S(i); }, [&](int) { return c.score_scale; },
+                                       tile_start, c.unmasked_end, c.key_limit, c.lane, tile_max);
 }
 
 // O times alpha, only when some row of the warp moved (once the max settles, most tiles skip it).

@@ -28,6 +28,7 @@
 #include "config.cuh"
 #include "epilogue.cuh"  // copy_staged_rows
 #include "params.cuh"
+#include "row_softmax.cuh"
 #include "scheduled.cuh"  // for_each_segment
 #include "workspace.cuh"
 
@@ -327,46 +328,19 @@ struct Math {
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
 
-// Scale, mask and row max of tile `tile` (keys kv_begin + 64 tile ..); a tile that ends at or below the
-// warp's unmasked_end skips the mask (the test is the same for the whole warp).
+// scale_mask_rowmax (row_softmax.cuh) on tile `tile` (keys kv_begin + 64 tile ..), with per-row scales.
 __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
-  tile_max[0] = tile_max[1] = -INFINITY;
-  const int tile_start = c.kv_begin + tile * kBlockN;
-  if (tile_start <= c.unmasked_end - kBlockN) {  // (written so that nothing overflows near INT_MAX)
-    CUTE_UNROLL
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1;
-      S[i] *= c.score_scale[r];
-      tile_max[r] = fmaxf(tile_max[r], S[i]);
-    }
-  } else {
-    CUTE_UNROLL
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1;
-      const int key = tile_start + (i >> 2) * 8 + 2 * (c.lane % 4) + (i & 1);
-      const float v = key < c.key_limit[r] ? S[i] * c.score_scale[r] : -INFINITY;
-      S[i] = v;
-      tile_max[r] = fmaxf(tile_max[r], v);
-    }
-  }
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-  }
+  mla::scale_mask_rowmax<32>([&](int i) -> float& { return S[i]; }, [&](int r) { return c.score_scale[r]; },
+                             c.kv_begin + tile * kBlockN, c.unmasked_end, c.key_limit, c.lane, tile_max);
 }
 
-// The S-layout running max moves to m_new (as consumer_rows64.cuh advance_max): l takes the factor
-// alpha, which the tile's owner also publishes per row for O^T's columns.
+// The S-layout running max moves to m_new (advance_max), and l takes the factor alpha, which the
+// tile's owner also publishes per row for O^T's columns.
 __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_new)[2], float (&l)[2],
                                              float (&m_sub)[2], float (&alpha)[2]) {
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    m_sub[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-    alpha[r] = exp2_ftz(m_run[r] - m_sub[r]);
-    l[r] *= alpha[r];
-    m_run[r] = m_new[r];
-  }
+  advance_max(m_run, m_new, alpha, m_sub);
+  l[0] *= alpha[0];
+  l[1] *= alpha[1];
 }
 
 // O^T's columns (query rows) times the factors the tile's owner published in `row_alpha`, skipped
