@@ -32,6 +32,7 @@ Designs (each a combination of the switches in `emulate`):
             accumulator, P x 2^8, row sums before rounding, O^T promoted per tile; 13-bit accumulator
   kernel-unpromoted  kernel with O^T kept in the accumulator (before the promotion)
   kernel-s-promoted  kernel with S promoted per 128 columns as well
+  kernel-l2  kernel with out divided by the rounded P's row sums (lse from the unrounded ones)
 """
 from __future__ import annotations
 
@@ -75,13 +76,15 @@ def accumulate(a: torch.Tensor, b: torch.Tensor, k_step: int, group: int | None,
 
 
 def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: str, rope16: bool, p_scale: float,
-            promote: bool, acc_bits: int, q_terms: int = 1, center: bool | str = False, exact_l: bool = False,
+            promote: bool, acc_bits: int, q_terms: int = 1, center: bool | str = False, exact_l: bool | str = False,
             tile: int = 64, promote_s: bool | None = None, o_steps: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One request: q [heads, 576] (bf16 values as fp32), kv_real [seq, 576] real values. Returns (out
     [heads, 512], lse [heads]) of the emulated kernel. promote: each tile's partial (and S's per 128
     columns) promoted into fp32. promote_s: S's promotion alone (default: as promote). o_steps, without
     promote: O accumulates in the accumulator itself, truncated after each 32-token k-step's add (the
-    fast kernel before its promotion); otherwise the tile's product is truncated into O once."""
+    fast kernel before its promotion); otherwise the tile's product is truncated into O once.
+    exact_l: the row sums from P before its rounding (True), from the rounded P that O sums (False),
+    or "both": out divided by the rounded P's sum, lse from the unrounded one."""
     promote_s = promote if promote_s is None else promote_s
     cache = e4m3(kv_real / k_scale)                       # what the cache holds
     lat, rope = slice(0, 512), slice(512, 576)
@@ -107,6 +110,7 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
     heads, seq = s.shape
     m = torch.full((heads, 1), -math.inf)
     l = torch.zeros(heads, 1)
+    l_out = torch.zeros(heads, 1)                         # exact_l "both": the rounded P's sum, for out
     o = torch.zeros(heads, 512)
     for t0 in range(0, seq, tile):
         st = s[:, t0:t0 + tile]
@@ -129,6 +133,7 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
         else:
             p8 = e4m3(p * p_scale)                        # P as the PV wgmma reads it
             l = l * alpha + (p.sum(dim=1, keepdim=True) if exact_l else p8.sum(dim=1, keepdim=True) / p_scale)
+            l_out = l_out * alpha + p8.sum(dim=1, keepdim=True) / p_scale
             if o_steps and not promote:                   # O in the accumulator: every k-step's add truncates
                 o = o * alpha
                 for k0 in range(0, v.shape[0], 32):
@@ -138,7 +143,7 @@ def emulate(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float, *, q_scale: 
             pv = accumulate(p8, v, 32, tile, acc_bits) / p_scale
         o = o * alpha + pv if promote else trunc_bits(o * alpha + pv, acc_bits)
         m = m_new
-    return o / l * k_scale, (m + torch.log(l)).squeeze(1)
+    return o / (l_out if exact_l == "both" else l) * k_scale, (m + torch.log(l)).squeeze(1)
 
 
 def reference(q: torch.Tensor, kv_real: torch.Tensor, k_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +174,10 @@ DESIGNS = {
                               promote_s=False, acc_bits=13, exact_l=True, o_steps=True),
     "kernel-s-promoted": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=True,
                               promote_s=True, acc_bits=13, exact_l=True),
+    # The kernel with out divided by the sum of the rounded P that O^T sums (lse still from the unrounded
+    # one): out is then a true weighted mean of V, whatever the cache's mean (--kv-mean).
+    "kernel-l2": dict(q_scale="token_head_576", rope16=False, p_scale=256.0, promote=True, promote_s=False,
+                      acc_bits=13, exact_l="both"),
 }
 
 
@@ -183,15 +192,19 @@ def main() -> None:
                     help="the designs to emulate (default: all)")
     ap.add_argument("--q-std", type=float, default=0.1,
                     help="q's standard deviation (0.1: the benchmark's flat softmax; 2-4: peaked, most P near 0)")
+    ap.add_argument("--kv-mean", type=float, default=0.0,
+                    help="mean of the cache's real values (0: the benchmark's; a nonzero mean makes out's columns "
+                         "agree in sign over the keys, where truncating accumulators drift most)")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(args.seed)
-    print(f"max abs error against fp32 over the dequantized cache, {args.requests} requests, q std {args.q_std}")
+    print(f"max abs error against fp32 over the dequantized cache, {args.requests} requests, q std {args.q_std}, "
+          f"cache mean {args.kv_mean}")
     for heads in args.heads:
         for seq in args.seq:
             worst = {d: [0.0, 0.0] for d in args.designs}
             for _ in range(args.requests):
                 q = (torch.randn(heads, 576, generator=g) * args.q_std).bfloat16().float()
-                kv_real = (torch.randn(seq, 576, generator=g) * 0.1).bfloat16().float()
+                kv_real = (torch.randn(seq, 576, generator=g) * 0.1 + args.kv_mean).bfloat16().float()
                 ref_o, ref_l = reference(q, kv_real, args.k_scale)
                 for d in args.designs:
                     o, l = emulate(q, kv_real, args.k_scale, **DESIGNS[d])
