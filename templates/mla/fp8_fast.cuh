@@ -11,8 +11,8 @@
 //     tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so no V^T copy
 //     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
 //     so P^T is stored with its tokens in sigma order;
-//   - the row sums come from P before rounding; O^T is rescaled per column (query row) from the row
-//     maxima in shared memory.
+//   - lse's row sums come from P before rounding, out's from the e4m3 values P V reads; O^T is
+//     rescaled per column (query row) from the row maxima in shared memory.
 // A split variant also has a balanced-schedule instantiation (SCHED, scheduled.cuh's walk): the CTA runs
 // rows_fast once per segment of its schedule run, the ring carrying on across segments.
 #pragma once
@@ -348,17 +348,14 @@ __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c,
                              c.kv_begin + tile * kBlockN, c.unmasked_end, c.key_limit, c.lane, tile_max);
 }
 
-// The S-layout running max moves to m_new (advance_max), and both row sums take the factor alpha,
-// which the tile's owner also publishes per row for O^T's columns.
+// The S-layout running max moves to m_new (advance_max), and l takes the factor alpha, which the
+// tile's owner also publishes per row for O^T's columns (l_p8 takes it in exp_store_pt on the owner's
+// tiles, after the hand-over, and in follow on the other's).
 __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_new)[2], float (&l)[2],
-                                             float2* l_p8, float (&m_sub)[2], float (&alpha)[2]) {
+                                             float (&m_sub)[2], float (&alpha)[2]) {
   advance_max(m_run, m_new, alpha, m_sub);
   l[0] *= alpha[0];
   l[1] *= alpha[1];
-  float2 v = *l_p8;
-  v.x *= alpha[0];
-  v.y *= alpha[1];
-  *l_p8 = v;
 }
 
 // O^T's columns (query rows) times the factors the tile's owner published in `row_alpha`, skipped
@@ -385,15 +382,15 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
 // P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step);
 // row sums of the unrounded P into l (lse's), and of the e4m3 values that P V reads into l_p8 (out's
 // divisor, in kPScale units): out is then a weighted mean of V with the weights P V used, so a cache
-// whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's l_p8 terms sum in
-// f16x2 (16 values of at most kPScale per row and thread: at most 4096, steps of 2 there, while P's
-// e4m3 values above 128 are multiples of 16), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
+// whose values share a sign keeps its mean (design.md 3.3, "Row sums"); l_p8 first takes the tile's
+// factor alpha. The tile's terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale
+// each, so at most 2048: all but the smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
 // 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
 // k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
 // thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
 // k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
 __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
-                                             float (&l)[2], float2* l_p8, E4* pt) {
+                                             const float (&alpha)[2], float (&l)[2], float2* l_p8, E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   const int swz = (c.row0 >> 1) & 3;
   __half2 sum_p8[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
@@ -415,10 +412,8 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
     }
   }
   const float2 f0 = __half22float2(sum_p8[0]), f1 = __half22float2(sum_p8[1]);
-  float2 v = *l_p8;
-  v.x += f0.x + f0.y;
-  v.y += f1.x + f1.y;
-  *l_p8 = v;
+  const float2 v = *l_p8;
+  *l_p8 = make_float2(v.x * alpha[0] + (f0.x + f0.y), v.y * alpha[1] + (f1.x + f1.y));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,7 +435,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
     for (int r = 0; r < 2; ++r) {
       if (c.lane % 4 == 0) s.row_max[st][c.row0 + 8 * r] = m_new[r];
     }
-    advance_rows(m_run, m_new, l_run, l_p8, m_sub, alpha);
+    advance_rows(m_run, m_new, l_run, m_sub, alpha);
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
@@ -449,7 +444,9 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
   auto follow = [&](int st) {  // the other warpgroup's tile: its max for l, its factors for O^T
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[st][c.row0 + 8 * r];
-    advance_rows(m_run, m_new, l_run, l_p8, m_sub, alpha);
+    advance_rows(m_run, m_new, l_run, m_sub, alpha);
+    const float2 v = *l_p8;
+    *l_p8 = make_float2(v.x * alpha[0], v.y * alpha[1]);
     rescale_cols(o, s.row_alpha[st], c.lane);
   };
   auto own_s = [&](int st, int tile) {
@@ -474,7 +471,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
       own_s(sa, 2 * i);
       publish(0);
       math_barrier_arrive(kBarMaxA);
-      exp_store_pt(S, c, m_sub, l_run, l_p8, s.pt[sa]);
+      exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sa]);
       fence_proxy_async_shared();  // P^T stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
@@ -496,7 +493,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
         // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
         own_s(sb, 2 * i + 1);
         publish(1);
-        exp_store_pt(S, c, m_sub, l_run, l_p8, s.pt[sb]);
+        exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sb]);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         warpgroup_barrier(kBarOwnP + c.wg);
@@ -547,7 +544,7 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
   float l_p8[2] = {lp.x, lp.y};
 
   // Row sums of both warpgroups (S layout) and the final max (warpgroup 0's copy), then per O^T column:
-  // 1 / l and lse. row_max[0] is free: every warp is past its last hand-over read.
+  // out's factor and lse. row_max[0] is free: every warp is past its last hand-over read.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
