@@ -6,8 +6,9 @@
 //   - Q is rounded to e4m3 by the math warps at entry, with one power-of-2 scale per row;
 //   - S = Q8 K8^T over all 576 columns (fp8 wgmma, 18 k-steps of 32), each row scaled by k_scale /
 //     its Q scale;
-//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and the accumulator holds
-//     O^T [256 dims x 64 rows] per warpgroup: O^T += V^T P^T with V^T built in registers from the same
+//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and each warpgroup keeps
+//     O^T [256 dims x 64 rows] in fp32 registers: O^T += V^T P^T, each tile's product in a cleared wgmma
+//     accumulator first (pv_promoted), with V^T built in registers from the same
 //     tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so no V^T copy
 //     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
 //     so P^T is stored with its tokens in sigma order;
