@@ -38,12 +38,14 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
                     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
                     q_std: float = 0.1, kv_std: float = 0.1, extra_pages: int = 3, poison: bool = True,
                     softmax_scale: float = (128 + 64) ** -0.5, generator: torch.Generator | None = None,
-                    max_pages: int | None = None, k_scale: float | None = None) -> PagedCase:
+                    max_pages: int | None = None, k_scale: float | None = None, kv_mean: float = 0.0) -> PagedCase:
     """Build a random case. Pages are a random permutation of the pool (plus `extra_pages` unused ones);
     with `poison`, unused slots are NaN and unused table entries junk.
 
-    dtype float8_e4m3fn makes an fp8 cache written the way engines write it (real N(0, kv_std^2) values
-    quantized with `k_scale`, default 1.0; q stays bf16) and poisons unused slots with the e4m3 NaN byte.
+    dtype float8_e4m3fn makes an fp8 cache written the way engines write it (real N(kv_mean, kv_std^2)
+    values quantized with `k_scale`, default 1.0; q stays bf16) and poisons unused slots with the e4m3 NaN
+    byte. The cache's values are N(kv_mean, kv_std^2) for every dtype (a nonzero mean: values that share a
+    sign, as a normalised latent's channels may).
 
     Raises ValueError for sizes below 1 or negative seq_lens, RuntimeError for a CUDA device when torch
     sees no GPU (pass device="cpu")."""
@@ -63,7 +65,7 @@ def make_paged_case(seq_lens: list[int], num_heads: int, page_size: int, q_len: 
     pages_per = [(n + page_size - 1) // page_size for n in seq_lens]
     width = max(max_pages or 0, max(pages_per, default=0), 1)
     num_pages = max(1, sum(pages_per) + extra_pages)
-    real = torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std
+    real = torch.randn(num_pages, page_size, HEAD_DIM, generator=g, device="cpu") * kv_std + kv_mean
     kv = quantize_kv(real, k_scale) if fp8 else real.to(dtype)
     perm = torch.randperm(num_pages, generator=g)
     table = torch.full((batch, width), -1 if poison else 0, dtype=torch.int32)

@@ -50,12 +50,13 @@ def test_fast_ring_protocol_simulation_passes(capsys):
 
 
 @pytest.mark.parametrize("mutation, configs", [("early_release", 2), ("no_end_bar", 2), ("no_phase_carry", 1),
-                                               ("no_segment_bar", 1), ("stage_in_ring", 1)])
+                                               ("no_segment_bar", 1), ("stage_in_ring", 1), ("lsum_early", 2)])
 def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
     """The simulation can fail: a tile's owner releasing its stage before its P V reads V, an epilogue
     without its barriers (both walks), a scheduled walk that does not carry the stages' parities, math
-    warpgroups that do not meet between segments, and O staged in the ring (which the producer is
-    already refilling) are each reported in every configuration they apply to."""
+    warpgroups that do not meet between segments, O staged in the ring (which the producer is
+    already refilling) and the rounded P's row sums written into P^T's memory before every P V read of
+    it is done are each reported in every configuration they apply to."""
     sim = runpy.run_path(str(DESIGN / "fast_ring_protocol_sim.py"))
     assert sim["main"](3, mutation=mutation) == configs, capsys.readouterr().out
     capsys.readouterr()

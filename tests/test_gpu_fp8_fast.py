@@ -66,6 +66,26 @@ def test_fast_mode_runs_its_own_kernel():
     assert not torch.equal(exact[0], fast[0])
 
 
+@pytest.mark.parametrize("kv_mean", [0.1, 0.3])
+def test_fast_out_keeps_the_cache_mean(kv_mean):
+    """A cache whose values share a sign (N(kv_mean, 0.1^2)): out must stay a weighted mean of V. O sums
+    the e4m3-rounded P, so dividing it by the unrounded P's row sums scaled each row by their ratio,
+    up to ~0.8% here (lab/fp8_fast_error_model.py --kv-mean, design kernel vs kernel-l2); the kernel
+    divides by the rounded P's sums. Measured per row: mean(out) / mean(reference) over the 512 dims
+    (bf16 rounding of out averages out there)."""
+    heads, page, _, _ = _any_fast_key()
+    g = torch.Generator().manual_seed(41)
+    case = make_paged_case([4096, 16384, 1500], heads, page, 1, FP8, generator=g, k_scale=0.5, kv_mean=kv_mean)
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                            case.softmax_scale, k_scale=0.5)
+    for n in (1, 4):
+        out, lse = run_nan_prefilled(case, n, k_scale=0.5, fp8_mode="fast")
+        assert not compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+        ratio = out.float().mean(dim=-1) / ref_out.float().mean(dim=-1)
+        worst = (ratio - 1).abs().max().item()
+        assert worst <= 1e-3, f"kv_mean={kv_mean} splits={n}: a row's mean is off by {worst:.2e} (relative)"
+
+
 def test_fast_mode_runs_the_exact_short_split_kernel_on_splits_of_at_most_128_keys():
     """A fast split variant's second kernel is the exact fp8 short-split one (config.cuh VariantTraits;
     faster on such splits, docs/design.md 3.3): with every split at most 128 keys both modes launch

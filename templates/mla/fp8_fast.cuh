@@ -6,16 +6,18 @@
 //   - Q is rounded to e4m3 by the math warps at entry, with one power-of-2 scale per row;
 //   - S = Q8 K8^T over all 576 columns (fp8 wgmma, 18 k-steps of 32), each row scaled by k_scale /
 //     its Q scale;
-//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and the accumulator holds
-//     O^T [256 dims x 64 rows] per warpgroup: O^T += V^T P^T with V^T built in registers from the same
+//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and each warpgroup keeps
+//     O^T [256 dims x 64 rows] in fp32 registers: O^T += V^T P^T, each tile's product in a cleared wgmma
+//     accumulator first (pv_promoted), with V^T built in registers from the same
 //     tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so no V^T copy
 //     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
 //     so P^T is stored with its tokens in sigma order;
-//   - the row sums come from P before rounding; O^T is rescaled per column (query row) from the row
-//     maxima in shared memory.
+//   - lse's row sums come from P before rounding, out's from the e4m3 values P V reads; O^T is
+//     rescaled per column (query row) from the row maxima in shared memory.
 // A split variant also has a balanced-schedule instantiation (SCHED, scheduled.cuh's walk): the CTA runs
 // rows_fast once per segment of its schedule run, the ring carrying on across segments.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -63,9 +65,16 @@ struct Storage {
   float q_inv_scale[kBlockM];                      // 1 / (Q row's power-of-2 scale)
   float row_max[2][kBlockM];                       // the seesaw's running max hand-over
   float row_alpha[2][kBlockM];                     // and the factor of what came before (O^T's columns)
-  float row_sum[2][kBlockM];                       // each warpgroup's row sums at the end
+  float row_sum[2][kBlockM];                       // each warpgroup's row sums at the end (for lse)
   uint64_t kv_full[kStages], kv_empty[kStages];
 };
+// A math thread's running row sums of the rounded P (exp_store_pt), its two rows', in shared memory
+// rather than registers (the math warps have none left): tail is free until the epilogue stages O.
+__device__ __forceinline__ float2* l_p8_slot(Storage& s, int wg, int warp, int lane) {
+  return reinterpret_cast<float2*>(s.tail) + (wg * 128 + warp * 32 + lane);
+}
+static_assert(sizeof(Storage::tail) >= 256 * sizeof(float2), "tail holds the math threads' l_p8 slots");
+
 // A warpgroup's staged O: 64 rows of its 256 dims.
 constexpr int kStagedBytes = kBlockM * (kHeadDimV / kNumWarpgroups) * int(sizeof(Piece));
 static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kNumWarpgroups * kStagedBytes,
@@ -89,6 +98,12 @@ __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
+}
+// Two e4m3 (low byte first) -> the same two values as f16 (exact: e4m3 is a subset of f16).
+__device__ __forceinline__ __half2 f16x2_of_e4m3x2(uint16_t v) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
+  return *reinterpret_cast<const __half2*>(&r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -323,7 +338,7 @@ struct Math {
   int key_limit[2];
   int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
-  int pt_base, pt_swz;   // exp_store_pt: row0 * 64 + 4 (lane % 4), and (row0 >> 1) & 3
+  int pt_base;           // exp_store_pt: row0 * 64 + 4 (lane % 4)
 };
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
@@ -335,7 +350,8 @@ __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c,
 }
 
 // The S-layout running max moves to m_new (advance_max), and l takes the factor alpha, which the
-// tile's owner also publishes per row for O^T's columns.
+// tile's owner also publishes per row for O^T's columns (l_p8 takes it in exp_store_pt on the owner's
+// tiles, after the hand-over, and in follow on the other's).
 __device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_new)[2], float (&l)[2],
                                              float (&m_sub)[2], float (&alpha)[2]) {
   advance_max(m_run, m_new, alpha, m_sub);
@@ -364,15 +380,21 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
   }
 }
 
-// P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step),
-// row sums of the unrounded P into l. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
+// P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step);
+// row sums of the unrounded P into l (lse's), and of the e4m3 values that P V reads into l_p8 (out's
+// divisor, in kPScale units): out is then a weighted mean of V with the weights P V used, so a cache
+// whose values share a sign keeps its mean (design.md 3.3, "Row sums"); l_p8 first takes the tile's
+// factor alpha. The tile's terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale
+// each, so at most 2048: all but the smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
 // 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
 // k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
 // thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
 // k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
 __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
-                                             float (&l)[2], E4* pt) {
+                                             const float (&alpha)[2], float (&l)[2], float2* l_p8, E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
+  const int swz = (c.row0 >> 1) & 3;
+  __half2 sum_p8[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
   CUTE_UNROLL
   for (int g = 0; g < 32; g += 8) {
     CUTE_UNROLL
@@ -384,11 +406,15 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
       const float p3 = exp2_ftz(S[i + 5] - m_sub[r]);
       l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
       l[r] += p2 + p3;
-      const int off = r * 512 + (((i >> 3) ^ c.pt_swz) << 4);
-      *reinterpret_cast<uint32_t*>(base + off) =
-          uint32_t(e4m3x2(p0 * kPScale, p1 * kPScale)) | (uint32_t(e4m3x2(p2 * kPScale, p3 * kPScale)) << 16);
+      const int off = r * 512 + (((i >> 3) ^ swz) << 4);
+      const uint16_t p01 = e4m3x2(p0 * kPScale, p1 * kPScale), p23 = e4m3x2(p2 * kPScale, p3 * kPScale);
+      *reinterpret_cast<uint32_t*>(base + off) = uint32_t(p01) | (uint32_t(p23) << 16);
+      sum_p8[r] = __hadd2(sum_p8[r], __hadd2(f16x2_of_e4m3x2(p01), f16x2_of_e4m3x2(p23)));
     }
   }
+  const float2 f0 = __half22float2(sum_p8[0]), f1 = __half22float2(sum_p8[1]);
+  const float2 v = *l_p8;
+  *l_p8 = make_float2(v.x * alpha[0] + (f0.x + f0.y), v.y * alpha[1] + (f1.x + f1.y));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -397,6 +423,7 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
 
 __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, uint32_t ph, float (&o)[4][32],
                                         float (&m_run)[2], float (&l_run)[2]) {
+  float2* l_p8 = l_p8_slot(s, c.wg, c.warp, c.lane);
   float m_new[2], m_sub[2], alpha[2], S[32];
   const VtAddr vt(s, c.wg, c.warp, c.lane);
   // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
@@ -419,6 +446,8 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[st][c.row0 + 8 * r];
     advance_rows(m_run, m_new, l_run, m_sub, alpha);
+    const float2 v = *l_p8;
+    *l_p8 = make_float2(v.x * alpha[0], v.y * alpha[1]);
     rescale_cols(o, s.row_alpha[st], c.lane);
   };
   auto own_s = [&](int st, int tile) {
@@ -443,7 +472,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
       own_s(sa, 2 * i);
       publish(0);
       math_barrier_arrive(kBarMaxA);
-      exp_store_pt(S, c, m_sub, l_run, s.pt[sa]);
+      exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sa]);
       fence_proxy_async_shared();  // P^T stores -> wgmma reads
       math_barrier_arrive(kBarPA);
       warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
@@ -465,7 +494,7 @@ __device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles
         // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
         own_s(sb, 2 * i + 1);
         publish(1);
-        exp_store_pt(S, c, m_sub, l_run, s.pt[sb]);
+        exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sb]);
         fence_proxy_async_shared();
         math_barrier_arrive(kBarMaxPB);
         warpgroup_barrier(kBarOwnP + c.wg);
@@ -492,7 +521,6 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
   c.row0 = c.warp * 16 + c.lane / 4;
   c.kv_begin = w.kv_begin;
   c.pt_base = c.row0 * 64 + 4 * (c.lane % 4);
-  c.pt_swz = (c.row0 >> 1) & 3;
   make_q<NUM_HEADS>(s, a, w.b, w.m_block, tid);
   fence_proxy_async_shared();  // Q stores -> wgmma reads
   math_barrier(kBarQ);
@@ -511,31 +539,42 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
     for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
   }
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  *l_p8_slot(s, c.wg, c.warp, c.lane) = make_float2(0.f, 0.f);  // the thread's own slot
   if (w.num_tiles > 0) consume(s, c, w.num_tiles, ph, o, m_run, l_run);
+  const float2 lp = *l_p8_slot(s, c.wg, c.warp, c.lane);
+  float l_p8[2] = {lp.x, lp.y};
 
   // Row sums of both warpgroups (S layout) and the final max (warpgroup 0's copy), then per O^T column:
-  // 1 / l and lse. row_max[0] is free: every warp is past its last hand-over read.
+  // out's factor and lse. row_max[0] is free: every warp is past its last hand-over read.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 1);
+    l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 2);
     if (c.lane % 4 == 0) s.row_sum[c.wg][c.row0 + 8 * r] = l_run[r];
   }
-  math_barrier(kBarEnd);  // every hand-over read is done
-  if (c.wg == 0 && c.lane % 4 == 0) {
+  math_barrier(kBarEnd);  // every hand-over read and every P^T read is done
+  // The rounded P's row sums go to P^T's memory, free now (the staged O overwrites it only after the
+  // factors below are computed).
+  float* row_sum_p8 = reinterpret_cast<float*>(s.pt[0]);  // [2][kBlockM]
+  if (c.lane % 4 == 0) {
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) s.row_max[0][c.row0 + 8 * r] = m_run[r];
+    for (int r = 0; r < 2; ++r) {
+      if (c.wg == 0) s.row_max[0][c.row0 + 8 * r] = m_run[r];
+      row_sum_p8[c.wg * kBlockM + c.row0 + 8 * r] = l_p8[r];
+    }
   }
   math_barrier(kBarEnd);
-  // Per row n, by thread n of the math warps: lse, and O's factor 1 / l (times k_scale / kPScale) into
+  // Per row n, by thread n of the math warps: lse, and O's factor k_scale / l_p8 (l_p8 in kPScale units) into
   // row_alpha[0] (free: every hand-over read is done).
   const float nan = __int_as_float(0x7fc00000);
   if (tid < kBlockM) {
     const int n = tid, grow = w.m_block * kBlockM + n;
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
     const QueryRow q = query_row(a, w.b, qi, h);
-    const float l = s.row_sum[0][n] + s.row_sum[1][n];
-    s.row_alpha[0][n] = w.bad_len ? nan : (l > 0.f ? k_scale / (kPScale * l) : 0.f);
+    const float l = s.row_sum[0][n] + s.row_sum[1][n], l_p8 = row_sum_p8[n] + row_sum_p8[kBlockM + n];
+    s.row_alpha[0][n] = w.bad_len ? nan : (l_p8 > 0.f ? k_scale / l_p8 : 0.f);
     const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
     if (q.valid && piece_row >= 0) {
       split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;

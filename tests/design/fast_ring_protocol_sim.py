@@ -9,7 +9,8 @@ Agents: the producer warpgroup (its 128 cp.async arrivals as one deferred event 
 order at random times) and the two math warpgroups, each one agent (4 warp arrivals per release).
 mbarriers and named barriers as in protocol_kit.py (the hardware parity rule, stale and lapped
 phases). Data checks: every shared-memory region (the four ring stages, Q's two parts, the four P^T
-buffers, the tail, the row_max / row_alpha hand-over buffers) holds a tag saying what was last written
+buffers, the tail, the row_max / row_alpha hand-over buffers; inside the tail each warpgroup's running
+sums of the rounded P, inside P^T's first buffer each warpgroup's final ones) holds a tag saying what was last written
 there; a read finds the tag it expects (a tile, Q of its segment, its staged O, the pair's max), and
 a write or a landing copy finds no unwaited wgmma read of the region. At the end every tile was read
 by its S and both P V, every mbarrier is between phases and every named barrier between generations.
@@ -21,6 +22,7 @@ Configurations: the uniform kernel (one segment of 1-12 tiles) and the scheduled
   no_phase_carry   the scheduled walk does not carry ph (each segment starts from parity 0)
   no_segment_bar   the math warpgroups do not meet at the end of a segment
   stage_in_ring    the epilogue stages O in ring stages 2 and 3 (as the uniform kernel once did)
+  lsum_early       the rounded P's row sums go to P^T's memory before the epilogue's first kBarEnd
 
     python3 tests/design/fast_ring_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
 """
@@ -32,7 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol_kit import MB, NB, Err, barrier_op, cli, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
-MUTATIONS = ("early_release", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
+MUTATIONS = ("early_release", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring", "lsum_early")
+# Sub-regions (parts of a larger region): a write to one must find no unwaited wgmma read of the whole.
+PARENT = {"tail_lp0": "tail", "tail_lp1": "tail", "pt0_ls0": "pt0", "pt0_ls1": "pt0"}
 
 
 def stage_flips(n):
@@ -57,7 +61,7 @@ class Sim:
     def staging(s, wg):
         if s.mutation == "stage_in_ring":
             return [f"kv{2 + wg}"]
-        return ["q_lo"] if wg == 0 else ["q_hi", "pt0", "pt1", "pt2", "pt3", "tail"]
+        return ["q_lo"] if wg == 0 else ["q_hi", "pt0", "pt1", "pt2", "pt3", "tail", *PARENT]
 
     # ---------------- the producer (produce / produce_scheduled)
     def producer(s):
@@ -81,6 +85,8 @@ class Sim:
         for j, n in enumerate(s.segs):
             yield ("write", wg, ["q_lo", "q_hi"], ("Q", j))  # make_q: each warpgroup rounds 32 of the rows
             yield ("nb_sync", s.nb["Q"], f"wg{wg}")
+            lp = (f"tail_lp{wg}", ("lp", j, wg))  # the thread's running sums of the rounded P (l_p8_slot)
+            yield ("write", wg, [lp[0]], lp[1])
             for i in range((n + 1) // 2):
                 a, b = 2 * i, 2 * i + 1
                 sa, sb = a % STAGES, a % STAGES + 1
@@ -90,21 +96,25 @@ class Sim:
                     yield ("write", wg, ["rm0"], ("max", j, i))  # publish(0)
                     yield ("nb_arrive", s.nb["MaxA"], "wg0")
                     yield ("write", wg, [f"pt{sa}"], ("P", j, a))
+                    yield ("read", wg, [lp[0]], lp[1])  # exp_store_pt adds the tile's sums
                     yield ("nb_arrive", s.nb["PA"], "wg0")
                     yield from s.pv(wg, j, a, sa)
                     if has_b:
                         yield ("nb_sync", s.nb["MaxPB"], "wg0")
                         yield ("read", wg, ["rm1"], ("max", j, i))  # follow(1)
+                        yield ("read", wg, [lp[0]], lp[1])
                         yield from s.pv(wg, j, b, sb)
                 else:
                     yield ("nb_sync", s.nb["MaxA"], "wg1")
                     yield ("read", wg, ["rm0"], ("max", j, i))  # follow(0)
+                    yield ("read", wg, [lp[0]], lp[1])
                     yield ("nb_sync", s.nb["PA"], "wg1")
                     yield from s.pv(wg, j, a, sa)
                     if has_b:
                         yield from s.own_s(wg, j, b, sb, ph, uses)
                         yield ("write", wg, ["rm1"], ("max", j, i))  # publish(1)
                         yield ("write", wg, [f"pt{sb}"], ("P", j, b))
+                        yield ("read", wg, [lp[0]], lp[1])
                         yield ("nb_arrive", s.nb["MaxPB"], "wg1")
                         yield from s.pv(wg, j, b, sb)
             for t in range(n):
@@ -114,14 +124,22 @@ class Sim:
             # The epilogue: row sums, warpgroup 0's final max into row_max[0], 1 / l into row_alpha[0] by
             # the first 64 math threads (warpgroup 0), then O staged and copied out row by row.
             end = s.mutation != "no_end_bar"
+            yield ("read", wg, [lp[0]], lp[1])  # the running sums back into registers
+            lsum = (f"pt0_ls{wg}", ("lsum", j, wg))  # row_sum_p8: the warpgroup's half of P^T's first 512 bytes
+            if s.mutation == "lsum_early":
+                yield ("write", wg, [lsum[0]], lsum[1])
             if end:
                 yield ("nb_sync", s.nb["End"], f"wg{wg}")
+            if s.mutation != "lsum_early":
+                yield ("write", wg, [lsum[0]], lsum[1])
             if wg == 0:
                 yield ("write", wg, ["rm0"], ("final", j))
             if end:
                 yield ("nb_sync", s.nb["End"], f"wg{wg}")
             if wg == 0:
                 yield ("read", wg, ["rm0"], ("final", j))
+                yield ("read", wg, ["pt0_ls0"], ("lsum", j, 0))
+                yield ("read", wg, ["pt0_ls1"], ("lsum", j, 1))
                 yield ("write", wg, ["ra0"], ("inv", j))
             if end:
                 yield ("nb_sync", s.nb["End"], f"wg{wg}")
@@ -150,9 +168,10 @@ class Sim:
 
     # ---------------- op execution: True if the op completed, False if it blocks
     def check_no_pending(s, regions, what):
+        regions = set(regions) | {PARENT[r] for r in regions if r in PARENT}
         for wg, groups in s.pending.items():
             for regs, _ in groups:
-                hit = set(regions) & {r for r, _ in regs}
+                hit = regions & {r for r, _ in regs}
                 if hit:
                     raise Err(f"{what} writes {sorted(hit)} under warpgroup {wg}'s unwaited wgmma read")
 
