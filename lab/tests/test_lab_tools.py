@@ -38,7 +38,7 @@ def test_recipes_name_no_compile_time_switch_but_the_trace(script):
 
 
 @pytest.mark.parametrize("probe", ["store_probe.cu", "racecheck_named_barriers.cu", "fp8_fast_probe.cu",
-                                   "fp8_wgmma_probe.cu", "fp8_vt_regs_probe.cu"])
+                                   "fp8_wgmma_probe.cu", "fp8_vt_regs_probe.cu", "wgmma_rate.cu"])
 def test_probe_compiles(tmp_path, probe):
     from codegen.build import cutlass_include_dir
     try:
