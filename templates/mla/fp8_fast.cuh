@@ -478,47 +478,45 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
   const int warp = tid / 32, lane = tid % 32;
   math_barrier<kMathThreads>(kBarQ);  // Q is in shared memory
   const float nan = __int_as_float(0x7fc00000);
-  {
-    const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
-    Math c;
-    c.warp = warp;
-    c.lane = lane;
-    c.row0 = warp * 16 + lane / 4;
-    c.kv_begin = w.kv_begin;
-    c.pt_base = c.row0 * 64 + 4 * (lane % 4);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int qi = (w.m_block * kBlockM + c.row0 + 8 * r) / NUM_HEADS;
-      c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
-      c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
-    }
-    c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
-    if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
-    // Per row (lane % 4 == 0 holds it after the quad sums): lse, and O's factor k_scale / l_p8 (l_p8 in
-    // kPScale units) for the P V warpgroups.
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
-      l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 1);
-      l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 2);
-      const int n = c.row0 + 8 * r, grow = w.m_block * kBlockM + n;
-      const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
-      if (lane % 4 == 0) {
-        s.row_factor[n] = w.bad_len ? nan : (l_p8[r] > 0.f ? k_scale / l_p8[r] : 0.f);
-        const float lse = w.bad_len ? nan : (l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * kLn2 : -INFINITY);
-        const QueryRow q = query_row(a, w.b, qi, h);
-        if (q.valid && piece_row >= 0) {
-          split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
-        } else if (q.valid) {
-          a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] =
-              lse;
-        }
+  const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
+  Math c;
+  c.warp = warp;
+  c.lane = lane;
+  c.row0 = warp * 16 + lane / 4;
+  c.kv_begin = w.kv_begin;
+  c.pt_base = c.row0 * 64 + 4 * (lane % 4);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int qi = (w.m_block * kBlockM + c.row0 + 8 * r) / NUM_HEADS;
+    c.key_limit[r] = min(w.kv_end, w.seq_len - (a.q_len - 1 - min(qi, a.q_len - 1)));
+    c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
+  }
+  c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
+  if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
+  // Per row (lane % 4 == 0 holds it after the quad sums): lse, and O's factor k_scale / l_p8 (l_p8 in
+  // kPScale units) for the P V warpgroups.
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
+    l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 1);
+    l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 2);
+    const int n = c.row0 + 8 * r, grow = w.m_block * kBlockM + n;
+    const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
+    if (lane % 4 == 0) {
+      s.row_factor[n] = w.bad_len ? nan : (l_p8[r] > 0.f ? k_scale / l_p8[r] : 0.f);
+      const float lse = w.bad_len ? nan : (l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * kLn2 : -INFINITY);
+      const QueryRow q = query_row(a, w.b, qi, h);
+      if (q.valid && piece_row >= 0) {
+        split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
+      } else if (q.valid) {
+        a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] =
+            lse;
       }
     }
-    math_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
   }
+  math_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
 }
 
 // A P V warpgroup's part (math threads 128-383): Q (make_q wants 72 registers, which the P V
