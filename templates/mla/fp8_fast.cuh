@@ -674,6 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
       softmax_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
     }
+    return;  // like the producer, it exits before the stores: only they allow the combine's launch
   } else {
     cutlass::arch::warpgroup_reg_alloc<184>();  // the P V warpgroups: O^T (128) and the promotion's accumulator (32)
     if constexpr (SCHED) {
@@ -682,8 +683,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
       pv_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
     }
+    allow_dependent_launch<SPLIT>();  // past this warpgroup's stores
   }
-  allow_dependent_launch<SPLIT>();
 }
 
 }  // namespace fast
