@@ -98,12 +98,6 @@ __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 }
-// Two e4m3 (low byte first) -> the same two values as f16 (exact: e4m3 is a subset of f16).
-__device__ __forceinline__ __half2 f16x2_of_e4m3x2(uint16_t v) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
-  return *reinterpret_cast<const __half2*>(&r);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Q: the 256 threads of the P V warpgroups round the CTA's 64 rows to e4m3 with one power-of-2 scale per row (the largest
@@ -396,9 +390,11 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
       l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
       l[r] += p2 + p3;
       const int off = r * 512 + (((i >> 3) ^ swz) << 4);
-      const uint16_t p01 = e4m3x2(p0 * kPScale, p1 * kPScale), p23 = e4m3x2(p2 * kPScale, p3 * kPScale);
-      *reinterpret_cast<uint32_t*>(base + off) = uint32_t(p01) | (uint32_t(p23) << 16);
-      sum_p8[r] = __hadd2(sum_p8[r], __hadd2(f16x2_of_e4m3x2(p01), f16x2_of_e4m3x2(p23)));
+      const uint32_t p4 =
+          uint32_t(e4m3x2(p0 * kPScale, p1 * kPScale)) | (uint32_t(e4m3x2(p2 * kPScale, p3 * kPScale)) << 16);
+      *reinterpret_cast<uint32_t*>(base + off) = p4;
+      const uint2 h = e4m3x4_to_f16x4(p4);  // the four stored values, exactly
+      sum_p8[r] = __hadd2(sum_p8[r], __hadd2(*reinterpret_cast<const __half2*>(&h.x), *reinterpret_cast<const __half2*>(&h.y)));
     }
   }
   CUTE_UNROLL
