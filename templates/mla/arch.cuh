@@ -86,6 +86,13 @@ template <int kMathThreads = 128 * kNumWarpgroups>
 __device__ __forceinline__ void math_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kMathThreads) : "memory");
 }
+// The same named barrier reached from different code, as warp-specialized roles do (fp8_fast.cuh): PTX's
+// bar.sync is barrier.sync.aligned, which every thread must reach through the same instruction, so
+// these take barrier.sync without .aligned (synccheck reports the aligned form as divergence).
+template <int kThreads>
+__device__ __forceinline__ void role_barrier(int id) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 __device__ __forceinline__ void math_barrier_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
 }

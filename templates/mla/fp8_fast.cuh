@@ -472,7 +472,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
                                              int tid, uint32_t ph) {
   const MlaDecodeArgs& a = p.a;
   const int warp = tid / 32, lane = tid % 32;
-  math_barrier<kMathThreads>(kBarQ);  // Q is in shared memory
+  role_barrier<kMathThreads>(kBarQ);  // Q is in shared memory
   const float nan = __int_as_float(0x7fc00000);
   const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
   Math c;
@@ -512,7 +512,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
       }
     }
   }
-  math_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
+  role_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
 }
 
 // A P V warpgroup's part (math threads 128-383): Q (make_q wants 72 registers, which the P V
@@ -524,7 +524,7 @@ __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const
   const int pw = __shfl_sync(0xffffffff, tid / 128, 0) - 1, warp = (tid % 128) / 32, lane = tid % 32;
   make_q<NUM_HEADS>(s, a, w.b, w.m_block, tid - 128);
   fence_proxy_async_shared();  // Q stores -> wgmma reads
-  math_barrier<kMathThreads>(kBarQ);
+  role_barrier<kMathThreads>(kBarQ);
   float o[4][32];
   CUTE_UNROLL
   for (int mb = 0; mb < 4; ++mb) {
@@ -532,7 +532,7 @@ __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const
     for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
   }
   if (w.num_tiles > 0) pv_role(s, pw, warp, lane, w.num_tiles, ph, o);
-  math_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
+  role_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
 
   // Normalised O: each P V warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in the
   // memory of Q and P^T (Storage; every read of both is done: kBarEnd above), the row-major layout
@@ -617,7 +617,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage
       pv_rows<NUM_HEADS>(p, s, w, piece_row, tid, ph);
     }
     ph ^= stage_flips(w.num_tiles);
-    math_barrier<kMathThreads>(kBarEnd);
+    role_barrier<kMathThreads>(kBarEnd);
   });
 }
 
