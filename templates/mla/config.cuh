@@ -189,7 +189,7 @@ struct VariantTraits {
                                              : kSecond == SecondKernel::kRows64 && kRows == 32
                                                  ? kSt32MinKeys - kBlockN
                                                  : 0;
-  static constexpr bool kTma = !kFast && kTmaPages<Cache, PAGE_SIZE, kRows>;
+  static constexpr bool kTma = kTmaPages<Cache, PAGE_SIZE, kRows>;
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;
   static constexpr bool kBalanced = SPLIT && (kFast || kSchedulable<Cache, NUM_HEADS>);

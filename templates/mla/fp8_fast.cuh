@@ -157,9 +157,17 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
 }
 
 // ---------------------------------------------------------------------------------------------
-// The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 4, eight threads
-// per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end. One full barrier per stage
-// (128 arrivals) and one empty barrier (12: each math warp once, after its last read of the tile).
+// The producer: every tile of [kv_begin, kv_end) into stage t % 4. One full barrier per stage (128
+// arrivals) and one empty barrier (12: each math warp once, after its last read of the tile).
+// - With a tensor map (kv_map, pages that are multiples of 64 tokens: a tile is 64 tokens of one page),
+//   every full tile goes by TMA: warp 0 waits for the stage, its lane 0 announces the tile's 40 KiB on
+//   kv_full, issues the five slots' boxes (128 bytes x 64 tokens, the map's 128-byte swizzle is
+//   tile_offset's; the fifth box's bytes past 576 are zeros) and arrives for the other 127 producer
+//   threads, while warps 1-3 wait at kBarProducer (as producer.cuh's tma_full_tiles, whose comment has
+//   why no thread then waits more than one phase ahead).
+// - Every other tile (all of them without a map; else the partial last one) by 16-byte cp.async, eight
+//   threads per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end, so whatever lies past
+//   seq_len (possibly NaN) never reaches shared memory.
 // ph: bit j is the parity of stage j's uses before this segment (0 in a uniform launch; the scheduled
 // walk carries it, stage_flips). The caller waits for its copies (cp_async_wait_all) before it retires.
 
@@ -173,10 +181,38 @@ __device__ __forceinline__ uint32_t stage_flips(int n) {
 
 template <int PAGE_SIZE>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int kv_begin, int kv_end,
-                                        int num_tiles, int ptid, uint32_t ph) {
+                                        int num_tiles, int ptid, uint32_t ph, const void* kv_map) {
   const int sub = ptid % 8, n0 = ptid / 8;
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   const char* cache = static_cast<const char*>(a.kv_cache);
+  int first_copied = 0;  // tiles before it went by TMA
+  if constexpr (PAGE_SIZE % kBlockN == 0) {
+    if (kv_map != nullptr) {
+      const int full_tiles = (kv_end - kv_begin) / kBlockN;
+      if (ptid < 32) {
+        int32_t pg = full_tiles > 0 ? table[kv_begin / PAGE_SIZE] : 0;
+        for (int t = 0; t < full_tiles; ++t) {
+          const int tile_start = kv_begin + t * kBlockN;
+          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
+          const int stage = t % kStages;
+          wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);
+          if (ptid == 0) {
+            const uint32_t base = smem_u32(s.kv[stage]);
+            arrive_expect_tx(&s.kv_full[stage], uint32_t(kSlots * kBlockN * 128));
+            CUTE_UNROLL
+            for (int c = 0; c < kSlots; ++c) {
+              tma_load_3d(base + uint32_t(c * kBlockN * 128), kv_map, &s.kv_full[stage], c * 128, tile_start % PAGE_SIZE, pg);
+            }
+            arrive_barrier_count(&s.kv_full[stage], kProducerThreads - 1);
+          }
+          __syncwarp();
+          pg = next_pg;
+        }
+      }
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");
+      first_copied = full_tiles;
+    }
+  }
   // This thread's rows n0 + 16 j of tile t: their pages, looked up one tile ahead (-1 past kv_end).
   int32_t page[4], next_page[4];
   auto lookup = [&](int t, int32_t (&pg)[4]) {
@@ -186,8 +222,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
       pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
-  lookup(0, page);
-  for (int t = 0; t < num_tiles; ++t) {
+  if (first_copied < num_tiles) lookup(first_copied, page);
+  for (int t = first_copied; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
     const int stage = t % kStages;
     wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);  // a first use does not wait
@@ -593,11 +629,11 @@ __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const
 // math warpgroups finish the last one.
 
 template <int NUM_HEADS, int PAGE_SIZE>
-__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid) {
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid, const void* kv_map) {
   uint32_t ph = 0;
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
     if (w.num_tiles == 0) return;
-    produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph);
+    produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph, kv_map);
     ph ^= stage_flips(w.num_tiles);
   });
 }
@@ -651,11 +687,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
   __syncthreads();
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
+    const void* kv_map = PAGE_SIZE % kBlockN == 0 && p.use_tma ? &p.kv_map : nullptr;  // launch.cuh: TMA pages
     if constexpr (SCHED) {
-      produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x);
+      produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x, kv_map);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u);
+      if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u, kv_map);
     }
     cp_async_wait_all();  // do not retire with copies in flight
     return;
