@@ -49,10 +49,11 @@ def test_fast_ring_protocol_simulation_passes(capsys):
     assert out.count(" OK: ") == 2, out
 
 
-@pytest.mark.parametrize("mutation, configs", [("early_release", 2), ("p_full_early", 2), ("no_end_bar", 2),
+@pytest.mark.parametrize("mutation, configs", [("tma_no_bar", 2), ("early_release", 2), ("p_full_early", 2), ("no_end_bar", 2),
                                                ("no_phase_carry", 1), ("no_segment_bar", 1), ("stage_in_ring", 1)])
 def test_fast_ring_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
-    """The simulation can fail: a P V warpgroup releasing its stage before its P V wgmma is done, the
+    """The simulation can fail: producer warps that copy a partial tile without first meeting warp 0 at
+    kBarProducer (so they wait on a stage a phase ahead), a P V warpgroup releasing its stage before its P V wgmma is done, the
     softmax warpgroup signalling a tile's P before writing it, an epilogue without its barrier (both
     walks), a scheduled walk that does not carry the stages' parities, math warpgroups that do not
     meet between segments and O staged in the ring (which the producer is already refilling) are each

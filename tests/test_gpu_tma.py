@@ -31,7 +31,8 @@ same, so out and lse must be identical.
   the legal caches TMA cannot address (stride-0 pages or tokens, a one-page cache with an odd page
   stride), which the default mode serves correctly through cp.async.
 - test_require_refuses_an_fp8_cache_tma_cannot_address: the same refusal for the fp8 64-token kernel's
-  byte map (proof that the fp8 launch encodes one), and the cp.async fallback right.
+  byte map and the fast kernel's swizzled one (proof that each fp8 launch encodes one), and the
+  cp.async fallback right.
 - test_require_shows_which_kernel_a_17_to_32_head_launch_runs: the same refusal for the 64-row kernel
   of a 17..32-head variant (short splits), none for its transposed kernel (long splits).
 """
@@ -365,7 +366,7 @@ def _check_require_modes(jobs: list[_Job], refused: set) -> None:
     reference and tma="off" bit for bit (a refused map falls back to cp.async); under "require", the
     jobs in `refused` (indices) must fail with 801 and the others match tma="off" bit for bit."""
     for i, job in enumerate(jobs):
-        got = _runs(job.case, job.num_kv_splits, ("require", "off", DEFAULT))
+        got = _runs(job.case, job.num_kv_splits, ("require", "off", DEFAULT), job.dtype)
         label = job.label
         _assert_matches(got[DEFAULT], job.ref, f"{_mode_name(DEFAULT)}, {label}", job.dtype)
         _assert_bitwise(got[DEFAULT], got["off"], f'{_mode_name(DEFAULT)} vs tma="off", {label}')
@@ -462,26 +463,27 @@ def test_require_with_overlapping_token_rows():
 
 
 def test_require_refuses_an_fp8_cache_tma_cannot_address():
-    """The fp8 64-token kernel encodes its map over bytes: under tma="require" a cache whose pages are
-    expanded from one page (page stride 0) must fail with 801, which proves the fp8 launch tried to
-    encode one (a kernel without the fp8 TMA path would launch and pass silently); by default and with
-    tma="off" the same cache goes through cp.async and matches the reference."""
+    """The fp8 64-token kernel encodes its map over bytes, the fast kernel its swizzled one: under
+    tma="require" a cache whose pages are expanded from one page (page stride 0) must fail with 801,
+    which proves the launch tried to encode one (a kernel without a TMA path would launch and pass
+    silently); by default and with tma="off" the same cache goes through cp.async and matches the
+    reference."""
     from mla_variants.fp8 import quantize_kv
-    pages = [p for p, d in PAGE_DTYPES if d == FP8]
-    if not pages:
-        pytest.skip("no fp8_e4m3 variant whose own kernel loads full tiles by TMA is compiled")
+    page_dtypes = [(p, d) for p, d in PAGE_DTYPES if d in FP8S]
+    if not page_dtypes:
+        pytest.skip("no fp8 variant whose own kernel loads full tiles by TMA is compiled")
     jobs = []
-    for page in pages:
-        heads = _heads(page, FP8)[0]
+    for page, dtype in page_dtypes:
+        heads = _heads(page, dtype)[0]
         g = torch.Generator().manual_seed(7000 + page)
         base = quantize_kv(torch.randn(1, page, 576, generator=g) * 0.1, FP8_K_SCALE).cuda()
         kv = base.as_strided((4, page, 576), (0, 576, 1), 0)
         q = (torch.randn(2, 1, heads, 576, generator=g) * 0.1).to(torch.bfloat16)
         table = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=torch.int32)
         lens = torch.tensor([3 * page + 10, page + 1], dtype=torch.int32)
-        _assert_takes_tma(_launch_key(heads, page, FP8, 1), table.shape[1] * page, 1)
-        jobs.append(_job(f"p{page} fp8 heads={heads} page stride 0 (expanded pages)", q, kv, table, lens,
-                         (128 + 64) ** -0.5, k_scale=FP8_K_SCALE, dtype=FP8))
+        _assert_takes_tma(_launch_key(heads, page, dtype, 1), table.shape[1] * page, 1)
+        jobs.append(_job(f"p{page} {dtype} heads={heads} page stride 0 (expanded pages)", q, kv, table, lens,
+                         (128 + 64) ** -0.5, k_scale=FP8_K_SCALE, dtype=dtype))
     _check_require_modes(jobs, set(range(len(jobs))))
 
 

@@ -688,6 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
     const void* kv_map = PAGE_SIZE % kBlockN == 0 && p.use_tma ? &p.kv_map : nullptr;  // launch.cuh: TMA pages
+    if (kv_map != nullptr && threadIdx.x == 0) prefetch_tensor_map(kv_map);
     if constexpr (SCHED) {
       produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x, kv_map);
     } else {

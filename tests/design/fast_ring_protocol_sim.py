@@ -6,9 +6,11 @@ and the balanced schedule's walk (produce_scheduled / consume_scheduled): segmen
 each starting at stage 0, the stages' use parities carried in `ph` (stage_flips), Q rounded again per
 segment by the P V warpgroups and the three math warpgroups meeting at the end of each segment.
 
-Agents: the producer warpgroup (its 128 cp.async arrivals as one deferred event per tile, landing in
-order at random times), the softmax warpgroup and the two P V warpgroups, each one agent (4 warp
-arrivals per release). mbarriers and named barriers as in protocol_kit.py (the hardware parity rule,
+Agents: the producer's four warps (per segment, warp 0 waits for each full tile's stage and issues its
+TMA, a deferred event of 128 arrivals that lands at a random time, in any order; all four warps then
+meet at kBarProducer and copy the partial last tile, if any, by cp.async: 32 arrivals per warp, landing
+in order per warp; a segment has 0 or 1 partial tiles, drawn at random), the softmax warpgroup and the
+two P V warpgroups, each one agent (4 warp arrivals per release). mbarriers and named barriers as in protocol_kit.py (the hardware parity rule,
 stale and lapped phases). Data checks: every shared-memory region (the four ring stages, Q's two parts,
 the four P^T buffers and row_alpha slots, row_factor, the tail) holds a tag saying what was last written
 there; a read finds the tag it expects (a tile, Q of its segment, its staged O, the tile's P and
@@ -18,6 +20,7 @@ generations.
 
 Configurations: the uniform kernel (one segment of 1-12 tiles) and the scheduled one (1-4 segments of
 0-9 tiles, some empty). mutation= injects a bug the checks must catch (so the simulation can fail):
+  tma_no_bar       producer warps 1-3 skip kBarProducer and wait for the partial tile's stage too early
   early_release    a P V warpgroup releases its stage before waiting for its P V wgmma
   p_full_early     the softmax warpgroup arrives on p_full before it writes the tile's P^T
   no_end_bar       the epilogue skips its barrier (kBarEnd) before the factors and the staging
@@ -35,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol_kit import MB, NB, Err, barrier_op, cli, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
-MUTATIONS = ("early_release", "p_full_early", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
+MUTATIONS = ("tma_no_bar", "early_release", "p_full_early", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
 AGENTS = ("sm", "pv0", "pv1")  # the softmax warpgroup and the two P V warpgroups
 
 
@@ -56,7 +59,12 @@ class Sim:
         s.pending = {a: [] for a in AGENTS}  # warpgroup -> unwaited wgmma groups: [(regions, what)]
         s.reads = {}     # tile tag -> set of readers ("S", "PV0", "PV1")
         s.landing = []   # the producer's copies in flight, in order: (stage, tile tag)
-        s.agents = {"producer": s.producer(), "sm": s.softmax(), "pv0": s.pv(0), "pv1": s.pv(1)}
+        s.full = [max(0, n - rng.randrange(2)) for n in segments]
+        s.nb["Prod"] = NB("Prod", 4)
+        s.tmaq = []
+        s.cpq = {w: [] for w in range(4)}
+        s.partial = {}
+        s.agents = {"p0": s.producer_warp(0), "p1": s.producer_warp(1), "p2": s.producer_warp(2), "p3": s.producer_warp(3), "sm": s.softmax(), "pv0": s.pv(0), "pv1": s.pv(1)}
 
     # ---------------- staging regions of the epilogue
     def staging(s, pw):
@@ -64,19 +72,29 @@ class Sim:
             return [f"kv{2 + pw}"]
         return ["q_lo"] if pw == 0 else ["q_hi", "pt0", "pt1", "pt2", "pt3", "tail"]
 
-    # ---------------- the producer (produce / produce_scheduled)
-    def producer(s):
-        yield ("nop",)  # a batch of empty segments gives the producer nothing else
+    # ---------------- the producer (produce / produce_scheduled), per warp: TMA by warp 0, tail by all
+    def producer_warp(s, w):
+        yield ("nop",)
         ph, uses = 0, [0] * STAGES
         for j, n in enumerate(s.segs):
             if n == 0:
                 continue
-            for t in range(n):
+            full = s.full[j]
+            if w == 0:
+                for t in range(full):
+                    st = t % STAGES
+                    parity = (((t // STAGES) ^ (ph >> st)) & 1) ^ 1
+                    yield ("wait", s.kv_empty[st], parity, uses[st] + t // STAGES, f"w0 tma seg {j} tile {t}")
+                    yield ("tma", st, ("kv", j, t))
+            if s.mutation != "tma_no_bar":
+                yield ("nb_sync", s.nb["Prod"], f"w{w}")
+            for t in range(full, n):
                 st = t % STAGES
                 parity = (((t // STAGES) ^ (ph >> st)) & 1) ^ 1
-                yield ("wait", s.kv_empty[st], parity, uses[st], f"producer seg {j} tile {t}")
-                yield ("fill", st, ("kv", j, t))
-                uses[st] += 1
+                yield ("wait", s.kv_empty[st], parity, uses[st] + t // STAGES, f"w{w} cp seg {j} tile {t}")
+                yield ("cpfill", w, st, ("kv", j, t))
+            for t in range(n):
+                uses[t % STAGES] += 1
             if s.mutation != "no_phase_carry":
                 ph ^= stage_flips(n)
 
@@ -165,9 +183,15 @@ class Sim:
         k = op[0]
         if k == "nop":
             return True
-        if k == "fill":
+        if k == "tma":
             _, st, tile = op
-            s.landing.append((st, tile))
+            s.check_no_pending([f"kv{st}"], f"TMA of {tile}")
+            s.tmaq.append((st, tile))
+            return True
+        if k == "cpfill":
+            _, w, st, tile = op
+            s.check_no_pending([f"kv{st}"], f"cp.async of {tile}")
+            s.cpq[w].append((st, tile))
             return True
         if k == "write":
             _, wg, regions, tag = op
@@ -193,11 +217,25 @@ class Sim:
             return True
         raise Err(f"bad op {op}")
 
+    def pending_landings(s):
+        return bool(s.tmaq) or any(s.cpq.values())
+
     def land(s):
-        st, tile = s.landing.pop(0)
-        s.check_no_pending([f"kv{st}"], f"the producer's copy of {tile}")
-        s.tag[f"kv{st}"] = tile
-        s.kv_full[st].arrive(128)
+        srcs = (["tma"] if s.tmaq else []) + [w for w in range(4) if s.cpq[w]]
+        k = s.rng.choice(srcs)
+        if k == "tma":
+            st, tile = s.tmaq.pop(s.rng.randrange(len(s.tmaq)))
+            s.check_no_pending([f"kv{st}"], f"the TMA of {tile} lands")
+            s.tag[f"kv{st}"] = tile
+            s.kv_full[st].arrive(128)
+        else:
+            st, tile = s.cpq[k].pop(0)
+            s.check_no_pending([f"kv{st}"], f"the cp.async of {tile} lands")
+            got = s.partial.get((st, tile), 0) + 1
+            s.partial[(st, tile)] = got
+            if got == 4:
+                s.tag[f"kv{st}"] = tile
+            s.kv_full[st].arrive(32)
 
     def run(s, max_steps=10 ** 6):
         cur = {k: next(g) for k, g in s.agents.items()}
@@ -207,18 +245,18 @@ class Sim:
             if s.policy == "random":
                 s.rng.shuffle(order)
             else:
-                first = {"producer_first": "producer", "softmax_first": "sm", "pv_first": "pv", "pv1_first": "pv1"}[s.policy]
+                first = {"producer_first": "p", "softmax_first": "sm", "pv_first": "pv", "pv1_first": "pv1"}[s.policy]
                 order.sort(key=lambda k: (not k.startswith(first), s.rng.random()))
             progressed = False
-            if s.landing and s.rng.random() < 0.3:
+            if s.pending_landings() and s.rng.random() < 0.3:
                 s.land()
                 progressed = True
             else:
                 progressed = step_one(order, cur, s.agents, done, s.try_op)
-                if not progressed and s.landing:
+                if not progressed and s.pending_landings():
                     s.land()
                     progressed = True
-            if len(done) == len(s.agents) and not s.landing:
+            if len(done) == len(s.agents) and not s.pending_landings():
                 break
             if not progressed:
                 blocked = {k: cur[k][-1] if cur[k][0] == "wait" else cur[k][:2] for k in s.agents if k not in done}
