@@ -46,7 +46,9 @@ using E4 = cutlass::float_e4m3_t;
 constexpr int kTileBytes = 640;                  // a token's or Q row's slots: 5 x 128 bytes, 576 used
 constexpr int kSlots = 5;                        // 128-byte column slots of a tile (the fifth: RoPE, 64 bytes)
 constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
-constexpr float kPScale = 256.f;                 // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal
+constexpr float kPScaleLog2 = 8.f;               // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal;
+constexpr float kPScale = 256.f;                 // the factor rides in exp2's argument (exp_store_pt)
+static_assert(kPScale == float(1 << int(kPScaleLog2)), "kPScale is 2^kPScaleLog2");
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
 constexpr int kStages = 4;                       // tile t in stage t % 4
@@ -399,17 +401,17 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
   }
 }
 
-// P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step);
-// row sums of the unrounded P into l (lse's), and of the e4m3 values that P V reads into l_p8 (out's
-// divisor, in kPScale units): out is then a weighted mean of V with the weights P V used, so a cache
-// whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's terms sum in f16x2
-// (each half 8 of a row's e4m3 values, at most kPScale each, so at most 2048: all but the smallest terms
-// add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
-// 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
-// k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
-// thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
-// k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
-__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
+// P kPScale = exp2(S - m_sub8), m_sub8 = m_sub - kPScaleLog2 (the factor in the exponent, no multiply), into P^T of
+// the stage (e4m3, tokens in sigma order per k-step); row sums of the unrounded P into l (lse's) and of the e4m3
+// values that P V reads into l_p8 (out's divisor), both in kPScale units: out is then a weighted mean of V with the
+// weights P V used, so a cache whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's
+// terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale each, so at most 2048: all but the
+// smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) + 2
+// q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and k & 15 = 4 q + 2
+// ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this thread's byte offset row0 * 64
+// + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte
+// store.
+__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub8)[2],
                                              float (&l)[2], float (&l_p8)[2], E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   const int swz = (c.row0 >> 1) & 3;
@@ -419,15 +421,15 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
     CUTE_UNROLL
     for (int i = g; i < g + 4; i += 2) {
       const int r = (i >> 1) & 1;
-      const float p0 = exp2_ftz(S[i] - m_sub[r]);
-      const float p1 = exp2_ftz(S[i + 1] - m_sub[r]);
-      const float p2 = exp2_ftz(S[i + 4] - m_sub[r]);
-      const float p3 = exp2_ftz(S[i + 5] - m_sub[r]);
+      const float p0 = exp2_ftz(S[i] - m_sub8[r]);
+      const float p1 = exp2_ftz(S[i + 1] - m_sub8[r]);
+      const float p2 = exp2_ftz(S[i + 4] - m_sub8[r]);
+      const float p3 = exp2_ftz(S[i + 5] - m_sub8[r]);
       l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
       l[r] += p2 + p3;
       const int off = r * 512 + (((i >> 3) ^ swz) << 4);
       const uint32_t p4 =
-          uint32_t(e4m3x2(p0 * kPScale, p1 * kPScale)) | (uint32_t(e4m3x2(p2 * kPScale, p3 * kPScale)) << 16);
+          uint32_t(e4m3x2(p0, p1)) | (uint32_t(e4m3x2(p2, p3)) << 16);
       *reinterpret_cast<uint32_t*>(base + off) = p4;
       const uint2 h = e4m3x4_to_f16x4(p4);  // the four stored values, exactly
       sum_p8[r] = __hadd2(sum_p8[r], __hadd2(*reinterpret_cast<const __half2*>(&h.x), *reinterpret_cast<const __half2*>(&h.y)));
@@ -474,7 +476,8 @@ __device__ __forceinline__ void softmax_role(Storage& s, const Math& c, int num_
       l_p8[r] *= alpha[r];
       if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
     }
-    exp_store_pt(S, c, m_sub, l_run, l_p8, s.pt[st]);
+    const float m_sub8[2] = {m_sub[0] - kPScaleLog2, m_sub[1] - kPScaleLog2};
+    exp_store_pt(S, c, m_sub8, l_run, l_p8, s.pt[st]);
     fence_proxy_async_shared();  // P^T stores -> the P V warpgroups' wgmma reads
     arrive_barrier(&s.p_full[st]);
   }
@@ -526,8 +529,8 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
   c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
   if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
-  // Per row (lane % 4 == 0 holds it after the quad sums): lse, and O's factor k_scale / l_p8 (l_p8 in
-  // kPScale units) for the P V warpgroups.
+  // Per row (lane % 4 == 0 holds it after the quad sums): lse (l_run in kPScale units), and O's factor
+  // k_scale / l_p8 (l_p8 in kPScale units) for the P V warpgroups.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
@@ -538,7 +541,8 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
     if (lane % 4 == 0) {
       s.row_factor[n] = w.bad_len ? nan : (l_p8[r] > 0.f ? k_scale / l_p8[r] : 0.f);
-      const float lse = w.bad_len ? nan : (l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * kLn2 : -INFINITY);
+      const float lse =
+          w.bad_len ? nan : (l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r]) - kPScaleLog2) * kLn2 : -INFINITY);
       const QueryRow q = query_row(a, w.b, qi, h);
       if (q.valid && piece_row >= 0) {
         split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
