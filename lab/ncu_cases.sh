@@ -8,7 +8,7 @@
 #   CASES="16:32:16384:64:fp8" NCU_SECTIONS="SpeedOfLight WarpStateStats" lab/ncu_cases.sh
 #   CASES="64:128:4096:64" NCU_METRICS="breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed" lab/ncu_cases.sh
 #
-# A case is HEADS:BATCH:SEQ:PAGE[:SPLITS][:fp8] (profile_case.py's arguments). Output: $OUT/ncu.csv
+# A case is HEADS:BATCH:SEQ:PAGE[:SPLITS][:fp8|:fast] (profile_case.py's arguments). Output: $OUT/ncu.csv
 # (every metric of every case, with a `case` column) and $OUT/ncu_table.txt (the table printed here).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -23,7 +23,7 @@ rm -f "$OUT/ncu.csv"
 for c in $CASES; do
   IFS=: read -r -a f <<< "$c"
   # -s 2 -c 1: skip two decode launches (warm-up), profile the third.
-  if ncu --clock-control none -k regex:mla_decode_kernel -s 2 -c 1 "${sections[@]}" --csv --page details \
+  if ncu --clock-control none -k "regex:mla_decode_(fp8_fast_)?kernel" -s 2 -c 1 "${sections[@]}" --csv --page details \
       python3 lab/profile_case.py "${f[@]}" > "/tmp/ncu_$$.csv" 2> "/tmp/ncu_$$.err"; then
     python3 - "$c" "/tmp/ncu_$$.csv" "$OUT/ncu.csv" <<'PY'
 import csv, io, os, sys
