@@ -15,7 +15,7 @@ def check_softmax_scale(softmax_scale) -> None:
     """MLAInputError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
     if not softmax_scale_ok(softmax_scale):
         raise MLAInputError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
-                         f"mla_decode), got {softmax_scale!r}")
+                             f"mla_decode), got {softmax_scale!r}")
 
 
 def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -39,7 +39,7 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
             raise MLAInputError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
-                             f"of {len(q)}")
+                                 f"of {len(q)}")
         q = torch.cat([q[0], q[1]], dim=-1)
     for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
@@ -52,13 +52,13 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
         raise MLAInputError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
     if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != HEAD_DIM or kv_cache.shape[-1] != HEAD_DIM:
         raise MLAInputError(f"q/kv_cache: expected q [batch, q_len, num_heads, {HEAD_DIM}] and kv_cache [num_pages, "
-                         f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
+                             f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or not _integer(block_table):
         raise MLAInputError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
-                         f"got {block_table.dtype} {tuple(block_table.shape)}")
+                             f"got {block_table.dtype} {tuple(block_table.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or not _integer(seq_lens):
         raise MLAInputError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
-                         f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+                             f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     check_softmax_scale(softmax_scale)
     batch, q_len, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
