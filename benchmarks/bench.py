@@ -83,6 +83,7 @@ SOFTMAX_SCALE = (128 + 64) ** -0.5
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}  # the cache dtype
 K_SCALE = 0.5  # fp8 mode: the cache holds real / K_SCALE (q and out bf16)
 FP8_MODE = "exact"  # --fp8-mode: how an fp8 cache is multiplied (mla_decode's fp8_mode; main sets it)
+TMA_MODE = "auto"  # --tma: how the 64-row kernels load whole pages (mla_decode's tma; main sets it)
 DEFAULT_CEILINGS = {"read_tbps": 4.463, "bf16_matmul_tflops": 785.9}
 FLUSH_BYTES = 512 << 20
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock, queued after each flush (see L2Flush)
@@ -398,6 +399,8 @@ def decode_call(inputs: dict, splits: int):
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=device)
     ws = torch.empty(max(workspace_size(batch, heads, q_len, splits), 16), dtype=torch.uint8, device=device)
     kw = fp8_kwargs(inputs)
+    if TMA_MODE != "auto":
+        kw["tma"] = TMA_MODE
 
     def call():
         mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], SOFTMAX_SCALE,
@@ -828,6 +831,10 @@ def parse_args(argv=None, description: str | None = None, extra=None):
     p.add_argument("--fp8-mode", choices=("exact", "fast"), default="exact",
                    help="with --dtype fp8_e4m3: mla_decode's fp8_mode (fast: the fp8_e4m3_fast variants, fp8 "
                         "tensor-core math; --check then uses testing.FP8_FAST_TOLERANCE)")
+    p.add_argument("--tma", choices=("auto", "off", "require"), default="auto",
+                   help="mla_decode's tma: off times the cp.async path of kernels that load whole pages by TMA "
+                        "(page sizes that are multiples of 64), so one build compares both; require fails a "
+                        "launch whose tensor map cannot be encoded (default auto)")
     p.add_argument("--mode", help="with a multi-mode anchors file: the mode to run (default fp8_q1 for fp8_e4m3, else bf16_q1)")
     p.add_argument("--q-len", type=int, help="run the selected cases' shapes at this q_len (1-8; no peer times then)")
     p.add_argument("--vs-q1", action="store_true", help="also time each case at q_len 1: q1 ratio = cold(q_len) / cold(1)")
@@ -878,8 +885,11 @@ def parse_args(argv=None, description: str | None = None, extra=None):
         p.error("--vs-q1 times mla_decode at q_len 1; it does not combine with --balanced")
     if args.fp8_mode == "fast" and args.dtype != "fp8_e4m3":
         p.error("--fp8-mode fast needs --dtype fp8_e4m3 (it multiplies an fp8 cache in fp8)")
-    global FP8_MODE
+    if args.tma != "auto" and (args.balanced or args.varlen):
+        p.error("--tma sets mla_decode's tma; the plans of --balanced and the varlen calls of --varlen take none")
+    global FP8_MODE, TMA_MODE
     FP8_MODE = args.fp8_mode
+    TMA_MODE = args.tma
     return args
 
 

@@ -172,7 +172,9 @@ def main(argv=None) -> int:
         major, minor = torch.cuda.get_device_capability()
         gpu_problem = f"the kernels are built for sm_90a and this GPU is sm_{major}{minor}"
     if gpu_problem:
-        print(f"The kernels are built ({len(compiled)} variants), but {gpu_problem}: nothing to run here.")
+        built = (f"The kernels are built ({len(compiled)} variants)" if compiled
+                 else "No variant is built yet (calls would compile theirs on first use)")
+        print(f"{built}, but {gpu_problem}: nothing to run here.")
         print("Run this example on an sm_90a GPU (H100/H200). On such a GPU it would run:")
         for plan in plans:
             what = (f"{plan.num_heads} heads, page {plan.page_size}, {plan.dtype}" if plan.page_size

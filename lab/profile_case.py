@@ -1,5 +1,5 @@
 """Run one decode case a few times, for ncu: python lab/profile_case.py HEADS BATCH SEQ PAGE [SPLITS] [fp8|fast]
-    ncu --clock-control none -k regex:mla_decode_ -s 2 -c 1 --section SpeedOfLight ... python lab/profile_case.py 16 32 16384 64
+    ncu --clock-control none -k "regex:mla_decode_(fp8_fast_)?kernel" -s 2 -c 1 --section SpeedOfLight ... python lab/profile_case.py 16 32 16384 64
 With a trailing `fp8` the cache is float8_e4m3fn (k_scale 0.5) instead of bf16, run in fp8_mode "exact";
 with `fast`, the same cache in fp8_mode "fast" (kernel mla_decode_fp8_fast_kernel).
 """

@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 21); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 25); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -50,6 +50,18 @@
 //          same bytes and signals a second mbarrier on their completion; warpgroup 1 waits on that and
 //          reads. Warpgroup 0 first meets its barrier once more than warpgroup 1 its own;
 //       21 as 20 with equal crossings (the control).
+//       22 the fp8 fast kernel's p_full / row_alpha hand-over: 8 rounds over two buffers; warpgroup 0
+//          waits on the buffer's empty mbarrier (from round 2), writes it and every thread arrives on
+//          its full mbarrier (count 128); warpgroup 1 waits on full, reads, and every thread arrives on
+//          empty (count 128). Every access is ordered by one mbarrier phase;
+//       23 as 22 with bar.sync 1, 256 after the writes and bar.sync 2, 256 after the reads (the control);
+//       24 as 22, but the writer learns that a buffer is free through the producer, as the fast kernel's
+//          softmax warpgroup does (row_alpha): a producer warp waits on empty, cp.asyncs 16 bytes
+//          elsewhere and signals a relay mbarrier on their completion (cp.async.mbarrier.arrive, 32),
+//          which warpgroup 0 waits on before it writes again;
+//       25 as 24 with the fast kernel's TMA relay: the producer warp waits on empty, its lane 0 announces
+//          16 bytes (mbarrier.arrive.expect_tx), copies them with cp.async.bulk (complete_tx) and arrives
+//          for the other 31 lanes (mbarrier.arrive with a count).
 #include <cstdio>
 #include <cstdlib>
 
@@ -215,6 +227,82 @@ __global__ void __launch_bounds__(384, 1) store_then_copy(int* out, const int4* 
   if (wg == 1) out[k] = buf[k].x;
 }
 
+// Modes 22-23: out[m] = 3m + 1 when every round's read saw that round's write.
+__device__ __forceinline__ void mb_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(bar),
+               "r"(parity) : "memory");
+}
+__global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* src, int control, int relay) {
+  __shared__ int buf[2][128];
+  __shared__ int4 dummy[32];
+  __shared__ unsigned long long full[2], empty[2], relayed[2];
+  const int t = int(threadIdx.x);
+  unsigned f[2], e[2], y[2];
+  for (int i = 0; i < 2; ++i) {
+    f[i] = unsigned(__cvta_generic_to_shared(&full[i]));
+    e[i] = unsigned(__cvta_generic_to_shared(&empty[i]));
+    y[i] = unsigned(__cvta_generic_to_shared(&relayed[i]));
+  }
+  if (t == 0) {
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("mbarrier.init.shared.b64 [%0], 128;\n" ::"r"(f[i]));
+      asm volatile("mbarrier.init.shared.b64 [%0], 128;\n" ::"r"(e[i]));
+      asm volatile("mbarrier.init.shared.b64 [%0], 32;\n" ::"r"(y[i]));
+    }
+  }
+  __syncthreads();
+  if (relay && t < 32) {  // the producer's relay warp
+    for (int r = 2; r < 8; ++r) {
+      const int b = r % 2;
+      mb_wait(e[b], (unsigned(r / 2) & 1u) ^ 1u);
+      if (relay == 1) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(&dummy[t]))),
+                     "l"(src + t) : "memory");
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(y[b]) : "memory");
+      } else if (t == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 16;\n" ::"r"(y[b]) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];\n"
+                     ::"r"(unsigned(__cvta_generic_to_shared(&dummy[r]))), "l"(src + r), "r"(y[b]) : "memory");
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 31;\n" ::"r"(y[b]) : "memory");
+      }
+      __syncwarp();
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  if (t < 128) return;  // the rest of the producer warpgroup is done
+  const int m = t - 128, wg = m / 128, k = m % 128;
+  bool ok = true;
+  for (int r = 0; r < 8; ++r) {
+    const int b = r % 2;
+    const unsigned parity = unsigned(r / 2) & 1u;
+    const int value = 3 * k + 1 + 1000 * (7 - r);
+    if (wg == 0) {
+      if (!control && r >= 2) mb_wait(relay ? y[b] : e[b], parity ^ 1u);
+      buf[b][k] = value;
+      if (control) {
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        asm volatile("bar.sync 2, 256;\n" ::: "memory");
+      } else {
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(f[b]) : "memory");
+      }
+    } else {
+      if (control) {
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      } else {
+        mb_wait(f[b], parity);
+      }
+      ok = ok && buf[b][k] == value;
+      if (control) {
+        asm volatile("bar.sync 2, 256;\n" ::: "memory");
+      } else {
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(e[b]) : "memory");
+      }
+    }
+  }
+  if (wg == 1) out[k] = ok ? 3 * k + 1 : -1;
+}
+
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
   const int ctas = mode == 10 || mode == 11 || mode == 13 || mode == 17 ? 1024 : 1;
@@ -228,7 +316,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 128; ++i) host4[i] = make_int4(3 * i + 1, 2 * i, 3 * i, 4 * i);
     cudaMalloc(&src, sizeof host4);
     cudaMemcpy(src, host4, sizeof host4, cudaMemcpyHostToDevice);
-    store_then_copy<<<1, 384>>>(out, src, mode == 20 ? 1 : 0);
+    if (mode >= 22) {
+      mbarrier_ring<<<1, 384>>>(out, src, mode == 23 ? 1 : 0, mode == 24 ? 1 : mode == 25 ? 2 : 0);
+    } else {
+      store_then_copy<<<1, 384>>>(out, src, mode == 20 ? 1 : 0);
+    }
   } else if (mode >= 18) {
     two_warpgroups<<<1, 384>>>(out, mode == 18 ? 1 : 0);
   } else if (mode >= 15) {

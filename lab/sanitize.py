@@ -6,6 +6,7 @@ change done (with the GPU tests and the benchmark).
     python lab/sanitize.py --tools racecheck   # one tool
     python lab/sanitize.py --calls [--only N]  # just run the calls (what compute-sanitizer wraps)
     python lab/sanitize.py --calls --repeat 2000  # each call 2000 times: results must be bitwise identical
+    python lab/sanitize.py --tma off           # mla_decode's calls load every page by cp.async (plans keep auto)
 
 Needs a build with the variants below (the default `mla-variants build`; a call whose variant is not
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
@@ -58,7 +59,7 @@ CALLS = [
 ]
 
 
-def run_calls(only: int | None, repeat: int = 1) -> int:
+def run_calls(only: int | None, repeat: int = 1, tma: str = "auto") -> int:
     import torch
 
     from mla_variants import MLADecodePlan, VariantNotCompiledError, mla_decode, mla_decode_reference
@@ -88,7 +89,7 @@ def run_calls(only: int | None, repeat: int = 1) -> int:
                 def launch():
                     mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                num_kv_splits=splits, out=out, lse=lse, max_seq_len=1 if extra == "short" else None,
-                               **kw, **mode_kw)
+                               tma=tma, **kw, **mode_kw)
             launch()
             torch.cuda.synchronize()
         except VariantNotCompiledError as e:
@@ -116,12 +117,13 @@ def run_calls(only: int | None, repeat: int = 1) -> int:
     return 1 if failed else 0
 
 
-def _one(tool: str, only: int | None, env: dict, extra: list[str], print_limit: int = 200) -> tuple[str, bool, str]:
+def _one(tool: str, only: int | None, env: dict, extra: list[str], print_limit: int = 200,
+         tma: str = "auto") -> tuple[str, bool, str]:
     """compute-sanitizer `tool` over the calls (or call `only`): (its summary, clean?, the report)."""
     cmd = ["compute-sanitizer", f"--tool={tool}", f"--print-limit={print_limit}"] + extra
     if tool == "racecheck":
         cmd += ["--racecheck-report=hazard"]
-    cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"] + ([] if only is None else ["--only", str(only)])
+    cmd += [sys.executable, str(Path(__file__).resolve()), "--calls", "--tma", tma] + ([] if only is None else ["--only", str(only)])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     text = proc.stdout + proc.stderr
     summary = re.findall(r"=+ (?:RACECHECK|ERROR) SUMMARY: .*", text)
@@ -141,7 +143,7 @@ def _sites(text: str) -> list[str]:
 
 
 def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (), full: str | None = None,
-             print_limit: int = 200) -> int:
+             print_limit: int = 200, tma: str = "auto") -> int:
     """Each tool over each call in its own process (`jobs` at a time): a summary line per call."""
     import concurrent.futures
 
@@ -150,7 +152,7 @@ def sanitize(tools: list[str], only: int | None, jobs: int, extra: list[str] = (
     worst = 0
     for tool in tools:
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            results = pool.map(lambda i: _one(tool, i, env, list(extra), print_limit), calls)  # printed as they come, in order
+            results = pool.map(lambda i: _one(tool, i, env, list(extra), print_limit, tma), calls)  # printed as they come, in order
             for i, (summary, clean, text) in zip(calls, results):
                 worst = max(worst, int(not clean))
                 print(f"{tool} [{i}] {CALLS[i][0]}: {summary}", flush=True)
@@ -175,12 +177,14 @@ def main() -> int:
     ap.add_argument("--full-reports", default=None, help="write each unclean call's whole report into this folder")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --calls: launch each call N times and require bitwise identical results")
+    ap.add_argument("--tma", choices=("auto", "off"), default="auto",
+                    help="mla_decode's tma argument for the calls (off: pages TMA would load go by cp.async)")
     ap.add_argument("-j", "--jobs", type=int, default=8, help="sanitizer processes at a time (one call each)")
     args = ap.parse_args()
     if args.calls:
-        return run_calls(args.only, args.repeat)
+        return run_calls(args.only, args.repeat, args.tma)
     return sanitize(args.tools.split(","), args.only, args.jobs, args.sanitizer_args.split(), args.full_reports,
-                    args.print_limit)
+                    args.print_limit, args.tma)
 
 
 if __name__ == "__main__":

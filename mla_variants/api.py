@@ -164,7 +164,8 @@ def is_supported(num_heads: int, page_size: int, dtype, split: bool = False) -> 
     as served). With the JIT on (the default), a call that this says False for compiles its variant on
     first use instead of failing. Raises MLAInputError for num_heads or page_size that is not an int from
     1 to 2**20 (MLADecodePlan's bounds), a split that is not a bool, or a dtype that is none of these;
-    LibraryNotBuiltError when nothing was built."""
+    LibraryNotBuiltError when nothing was built and the JIT is off. A variant ensure_variant built into
+    the cache counts once a call of this process has loaded it."""
     for name, v in (("num_heads", num_heads), ("page_size", page_size)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20:
             fail(name, "an int from 1 to 2**20", shown(v))

@@ -62,7 +62,7 @@ def ensure_variant(num_heads: int, page_size: int, dtype: str = "bf16", split: b
     """Make sure the (num_heads, page_size, dtype, split) variant exists and return the path of a shared
     library that holds it: the AOT library of `mla-variants build` when its manifest lists the variant,
     else the variant's build in the per-user cache (compiled now if it is not there: 15-20 s on 16
-    cores, 25-30 s on 2, one line of progress on stderr; later calls and processes return at once).
+    cores, 25-55 s on 2, one line of progress on stderr; later calls and processes return at once).
 
     num_heads: 1 to 128; page_size: tokens per page, 1 to 1024; dtype: 'bf16', 'fp16', 'fp8_e4m3' or 'fp8_e4m3_fast' (the
     kv_cache dtype token of variants.yaml; 'fp8_e4m3_fast' at most 32 heads means the 'fp8_e4m3' variant, which such

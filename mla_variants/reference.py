@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .fp8 import FP8_DTYPE, dequantize_kv
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE, softmax_scale_ok
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE, MLAInputError, softmax_scale_ok
 
 
 def _integer(t: torch.Tensor) -> bool:
@@ -12,10 +12,10 @@ def _integer(t: torch.Tensor) -> bool:
 
 
 def check_softmax_scale(softmax_scale) -> None:
-    """ValueError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
+    """MLAInputError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
     if not softmax_scale_ok(softmax_scale):
-        raise ValueError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
-                         f"mla_decode), got {softmax_scale!r}")
+        raise MLAInputError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
+                             f"mla_decode), got {softmax_scale!r}")
 
 
 def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -29,7 +29,7 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     Math: lse = logsumexp_j(s_j), out = sum_j softmax(s)_j v_j with s_j = softmax_scale * q.k_j
     (scaled dot-product attention, "Attention Is All You Need", arXiv:1706.03762, over the MLA latent
     cache of DeepSeek-V2, arXiv:2405.04434).
-    Raises ValueError where the kernel would give NaN rows instead (a seq_len below 0 or beyond
+    Raises MLAInputError (a ValueError) where the kernel would give NaN rows instead (a seq_len below 0 or beyond
     max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
     does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache, a softmax_scale
     that is not a positive number of at most 1e30 (mla_decode's bound), or shapes and dtypes of q,
@@ -38,27 +38,27 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     """
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
-            raise ValueError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
-                             f"of {len(q)}")
+            raise MLAInputError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
+                                 f"of {len(q)}")
         q = torch.cat([q[0], q[1]], dim=-1)
     for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+            raise MLAInputError(f"{name}: expected a tensor, got {type(t).__name__}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype: expected a float torch.dtype to compute in, got {dtype!r}")
+        raise MLAInputError(f"dtype: expected a float torch.dtype to compute in, got {dtype!r}")
     if k_scale is not None and kv_cache.dtype != FP8_DTYPE:
-        raise ValueError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")
+        raise MLAInputError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")
     if kv_cache.dtype == FP8_DTYPE and k_scale is None:
-        raise ValueError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
+        raise MLAInputError("k_scale: required for a float8_e4m3fn cache (cache value x k_scale = real value)")
     if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != HEAD_DIM or kv_cache.shape[-1] != HEAD_DIM:
-        raise ValueError(f"q/kv_cache: expected q [batch, q_len, num_heads, {HEAD_DIM}] and kv_cache [num_pages, "
-                         f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
+        raise MLAInputError(f"q/kv_cache: expected q [batch, q_len, num_heads, {HEAD_DIM}] and kv_cache [num_pages, "
+                             f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or not _integer(block_table):
-        raise ValueError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
-                         f"got {block_table.dtype} {tuple(block_table.shape)}")
+        raise MLAInputError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
+                             f"got {block_table.dtype} {tuple(block_table.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or not _integer(seq_lens):
-        raise ValueError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
-                         f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+        raise MLAInputError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
+                             f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     check_softmax_scale(softmax_scale)
     batch, q_len, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
@@ -69,12 +69,12 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     for b in range(batch):
         n = int(lens[b])
         if n < 0 or n > capacity:
-            raise ValueError(f"seq_lens[{b}]: expected 0..{capacity} (max_pages_per_seq * page_size), got {n}")
+            raise MLAInputError(f"seq_lens[{b}]: expected 0..{capacity} (max_pages_per_seq * page_size), got {n}")
         if n == 0:
             continue
         pages = block_table[b, : (n + page_size - 1) // page_size].long()
         if int(pages.min()) < 0 or int(pages.max()) >= num_pages:
-            raise ValueError(f"block_table[{b}]: expected page ids in [0, {num_pages}), got {pages.tolist()}")
+            raise MLAInputError(f"block_table[{b}]: expected page ids in [0, {num_pages}), got {pages.tolist()}")
         kv = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[:n]
         kv = dequantize_kv(kv, k_scale, dtype) if kv.dtype == FP8_DTYPE else kv.to(dtype)  # [n, 576]
         s = torch.einsum("qhd,nd->qhn", q[b].to(dtype), kv) * softmax_scale     # [q_len, heads, n]

@@ -166,6 +166,24 @@ def test_fp8_mode_fast_reaches_the_call_and_needs_an_fp8_dtype(bench, monkeypatc
         bench.parse_args(["--fp8-mode", "fast"])  # bf16 cache
 
 
+def test_tma_reaches_the_call_only_when_set(bench, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "mla_decode", lambda *a, **kw: seen.append(kw))
+    monkeypatch.setattr(bench, "TMA_MODE", "auto")
+    bench.parse_args([])
+    bench.decode_call(_cpu_inputs(fp8=False), 2)[0]()
+    assert "tma" not in seen[-1]  # the default call is mla_decode's own default
+    bench.parse_args(["--tma", "off"])
+    assert bench.TMA_MODE == "off"
+    bench.decode_call(_cpu_inputs(fp8=False), 2)[0]()
+    assert seen[-1]["tma"] == "off"
+    for bad in (["--tma", "off", "--balanced"], ["--tma", "require", "--varlen", "1,2"], ["--tma", "on"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    bench.parse_args([])  # leave TMA_MODE at its default for the other tests
+    assert bench.TMA_MODE == "auto"
+
+
 @pytest.mark.parametrize("served", [True, False])
 def test_balanced_call_makes_the_plan_and_schedule_of_the_case(bench, monkeypatch, served):
     made = {}
