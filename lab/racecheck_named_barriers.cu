@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 25); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 29); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -62,6 +62,15 @@
 //       25 as 24 with the fast kernel's TMA relay: the producer warp waits on empty, its lane 0 announces
 //          16 bytes (mbarrier.arrive.expect_tx), copies them with cp.async.bulk (complete_tx) and arrives
 //          for the other 31 lanes (mbarrier.arrive with a count).
+//       26 as 25, but lane 0 arrives for the other 31 lanes before it issues the copy, so the relay's
+//          phase completes on the copy's complete_tx, never on a thread's arrival (in the fast kernel
+//          a 40 KiB tile's TMA usually lands after the producer's last arrival);
+//       27 as 26, and warpgroup 0 also waits on the empty mbarrier itself before it writes again;
+//       28 as 25 with the fast kernel's real copy: five tensor-map boxes (cp.async.bulk.tensor, 128 bytes x
+//          64 rows each, 40 KiB announced), then the arrival for the other 31 lanes;
+//       29 as 28, and warpgroup 0 also waits on the empty mbarrier itself before it writes again.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cstdio>
 #include <cstdlib>
 
@@ -232,7 +241,9 @@ __device__ __forceinline__ void mb_wait(unsigned bar, unsigned parity) {
   asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(bar),
                "r"(parity) : "memory");
 }
-__global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* src, int control, int relay) {
+__global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* src, int control, int relay,
+                                                        const __grid_constant__ CUtensorMap map) {
+  extern __shared__ __align__(1024) unsigned char tile[];  // modes 28-29: the tensor copies' 40 KiB
   __shared__ int buf[2][128];
   __shared__ int4 dummy[32];
   __shared__ unsigned long long full[2], empty[2], relayed[2];
@@ -259,11 +270,21 @@ __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* sr
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(&dummy[t]))),
                      "l"(src + t) : "memory");
         asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(y[b]) : "memory");
+      } else if (relay >= 5 && t == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 40960;\n" ::"r"(y[b]) : "memory");
+        for (int c = 0; c < 5; ++c) {
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+              ::"r"(unsigned(__cvta_generic_to_shared(tile + c * 8192))), "l"(reinterpret_cast<uint64_t>(&map)),
+              "r"(y[b]), "r"(c * 128), "r"(0) : "memory");
+        }
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 31;\n" ::"r"(y[b]) : "memory");
       } else if (t == 0) {
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 16;\n" ::"r"(y[b]) : "memory");
+        if (relay >= 3) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 31;\n" ::"r"(y[b]) : "memory");
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];\n"
                      ::"r"(unsigned(__cvta_generic_to_shared(&dummy[r]))), "l"(src + r), "r"(y[b]) : "memory");
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 31;\n" ::"r"(y[b]) : "memory");
+        if (relay == 2) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 31;\n" ::"r"(y[b]) : "memory");
       }
       __syncwarp();
     }
@@ -279,6 +300,7 @@ __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* sr
     const int value = 3 * k + 1 + 1000 * (7 - r);
     if (wg == 0) {
       if (!control && r >= 2) mb_wait(relay ? y[b] : e[b], parity ^ 1u);
+      if ((relay == 4 || relay == 6) && r >= 2) mb_wait(e[b], parity ^ 1u);
       buf[b][k] = value;
       if (control) {
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -317,7 +339,23 @@ int main(int argc, char** argv) {
     cudaMalloc(&src, sizeof host4);
     cudaMemcpy(src, host4, sizeof host4, cudaMemcpyHostToDevice);
     if (mode >= 22) {
-      mbarrier_ring<<<1, 384>>>(out, src, mode == 23 ? 1 : 0, mode == 24 ? 1 : mode == 25 ? 2 : 0);
+      // Modes 28-29: a map over 64 rows of 640 bytes (box 128 bytes x 64 rows, no swizzle).
+      CUtensorMap map{};
+      unsigned char* rows = nullptr;
+      cudaMalloc(&rows, 64 * 640);
+      cudaMemset(rows, 7, 64 * 640);
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found;
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+      const cuuint64_t dims[2] = {640, 64}, strides[1] = {640};
+      const cuuint32_t box[2] = {128, 64}, elem[2] = {1, 1};
+      if (reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+              &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, rows, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        std::printf("mode %d: tensor map not encoded\n", mode);
+        return 1;
+      }
+      mbarrier_ring<<<1, 384, 40960>>>(out, src, mode == 23 ? 1 : 0, mode >= 24 ? mode - 23 : 0, map);
     } else {
       store_then_copy<<<1, 384>>>(out, src, mode == 20 ? 1 : 0);
     }
