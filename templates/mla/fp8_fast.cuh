@@ -493,6 +493,7 @@ __device__ __forceinline__ void pv_role(Storage& s, int pw, int warp, int lane, 
     wait_barrier(&s.p_full[st], parity);
     rescale_cols(o, s.row_alpha[st], lane);
     pv_promoted(s, st, vt, o);
+    __syncwarp();  // every lane's reads of V and row_alpha before lane 0 releases the stage for the warp
     if (lane == 0) arrive_barrier(&s.kv_empty[st]);
   }
 }
