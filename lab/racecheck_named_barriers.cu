@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 31); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 33); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -71,7 +71,9 @@
 //       29 as 28, and warpgroup 0 also waits on the empty mbarrier itself before it writes again;
 //       30 as 22, but warpgroup 1 releases a buffer as the fast kernel's P V warps release a stage: lane 0
 //          of each warp arrives on empty (count 4) after the warp's reads;
-//       31 as 30 with __syncwarp() before lane 0's arrival.
+//       31 as 30 with __syncwarp() before lane 0's arrival;
+//       32 as 30 with a per-warp named barrier (bar.sync 5, 32) before lane 0's arrival;
+//       33 as 30 with the warpgroup's named barrier (bar.sync 6, 128) before lane 0's arrival.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cstdio>
@@ -322,6 +324,8 @@ __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* sr
         asm volatile("bar.sync 2, 256;\n" ::: "memory");
       } else {
         if (lane0 == 2) __syncwarp();
+        if (lane0 == 3) asm volatile("bar.sync 5, 32;\n" ::: "memory");
+        if (lane0 == 4) asm volatile("bar.sync 6, 128;\n" ::: "memory");
         if (!lane0 || k % 32 == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(e[b]) : "memory");
       }
     }
