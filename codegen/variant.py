@@ -83,10 +83,10 @@ class PathFacts:
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
-        if dtype == FP8_FAST:  # the fast kernel: 64 rows, cp.async, balanced schedule; short splits run the exact one
+        if dtype == FP8_FAST:  # the fast kernel: 64 rows, TMA pages, balanced schedule; short splits run the exact one
             return cls(rows_per_cta=ROWS_64, second_kernel="short_split" if split else None,
-                       second_max_split_keys=FP8_SHORT_SPLIT_KEYS if split else 0, tma=False,
-                       second_tma=False, balanced_schedule=split)
+                       second_max_split_keys=FP8_SHORT_SPLIT_KEYS if split else 0,
+                       tma=page_size % TILE_KEYS == 0, second_tma=False, balanced_schedule=split)
         fp8 = dtype == "fp8_e4m3"
         transposed = num_heads <= ST_MAX_HEADS
         rows = (8 if num_heads <= 8 else 16 if num_heads <= 16 else 32) if transposed else ROWS_64

@@ -7,7 +7,7 @@
 // report says which barriers it understands.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rnb lab/racecheck_named_barriers.cu
-//   for m in $(seq 0 29); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
+//   for m in $(seq 0 33); do compute-sanitizer --tool racecheck /tmp/rnb $m; done
 //
 // modes: 0 the producer exits, then bar.sync 1, 256 over the math threads (merge_st, rows_64's kBarEnd);
 //        1 the producer exits, bar.arrive 2, 256 by the writers and bar.sync 2, 256 by the readers (the
@@ -68,7 +68,12 @@
 //       27 as 26, and warpgroup 0 also waits on the empty mbarrier itself before it writes again;
 //       28 as 25 with the fast kernel's real copy: five tensor-map boxes (cp.async.bulk.tensor, 128 bytes x
 //          64 rows each, 40 KiB announced), then the arrival for the other 31 lanes;
-//       29 as 28, and warpgroup 0 also waits on the empty mbarrier itself before it writes again.
+//       29 as 28, and warpgroup 0 also waits on the empty mbarrier itself before it writes again;
+//       30 as 22, but warpgroup 1 releases a buffer as the fast kernel's P V warps release a stage: lane 0
+//          of each warp arrives on empty (count 4) after the warp's reads;
+//       31 as 30 with __syncwarp() before lane 0's arrival;
+//       32 as 30 with a per-warp named barrier (bar.sync 5, 32) before lane 0's arrival;
+//       33 as 30 with the warpgroup's named barrier (bar.sync 6, 128) before lane 0's arrival.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cstdio>
@@ -242,7 +247,7 @@ __device__ __forceinline__ void mb_wait(unsigned bar, unsigned parity) {
                "r"(parity) : "memory");
 }
 __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* src, int control, int relay,
-                                                        const __grid_constant__ CUtensorMap map) {
+                                                        const __grid_constant__ CUtensorMap map, int lane0) {
   extern __shared__ __align__(1024) unsigned char tile[];  // modes 28-29: the tensor copies' 40 KiB
   __shared__ int buf[2][128];
   __shared__ int4 dummy[32];
@@ -257,7 +262,7 @@ __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* sr
   if (t == 0) {
     for (int i = 0; i < 2; ++i) {
       asm volatile("mbarrier.init.shared.b64 [%0], 128;\n" ::"r"(f[i]));
-      asm volatile("mbarrier.init.shared.b64 [%0], 128;\n" ::"r"(e[i]));
+      asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(e[i]), "r"(lane0 ? 4 : 128));
       asm volatile("mbarrier.init.shared.b64 [%0], 32;\n" ::"r"(y[i]));
     }
   }
@@ -318,7 +323,10 @@ __global__ void __launch_bounds__(384, 1) mbarrier_ring(int* out, const int4* sr
       if (control) {
         asm volatile("bar.sync 2, 256;\n" ::: "memory");
       } else {
-        asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(e[b]) : "memory");
+        if (lane0 == 2) __syncwarp();
+        if (lane0 == 3) asm volatile("bar.sync 5, 32;\n" ::: "memory");
+        if (lane0 == 4) asm volatile("bar.sync 6, 128;\n" ::: "memory");
+        if (!lane0 || k % 32 == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(e[b]) : "memory");
       }
     }
   }
@@ -355,7 +363,8 @@ int main(int argc, char** argv) {
         std::printf("mode %d: tensor map not encoded\n", mode);
         return 1;
       }
-      mbarrier_ring<<<1, 384, 40960>>>(out, src, mode == 23 ? 1 : 0, mode >= 24 ? mode - 23 : 0, map);
+      mbarrier_ring<<<1, 384, 40960>>>(out, src, mode == 23 ? 1 : 0, mode >= 24 && mode <= 29 ? mode - 23 : 0, map,
+                                       mode >= 30 ? mode - 29 : 0);
     } else {
       store_then_copy<<<1, 384>>>(out, src, mode == 20 ? 1 : 0);
     }

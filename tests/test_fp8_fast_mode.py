@@ -25,6 +25,9 @@ def test_a_fast_variant_runs_the_64_row_fast_kernel_and_the_exact_short_split_on
     assert v.path == "rows64" and v.units == ((f"{v.name}.cu", "variant.cu.j2"),
                                               (f"{v.name}_second.cu", "variant_second.cu.j2"))
     assert v.facts.rows_for(heads * 4) == 64 and v.cpp_type == "mla::Fp8FastCache"
+    # Pages that are multiples of 64 tokens load full tiles by TMA (the short-split kernel never does).
+    assert Variant(heads, 64, "fp8_e4m3_fast", True).facts.tma and Variant(heads, 128, "fp8_e4m3_fast", False).facts.tma
+    assert not Variant(heads, 64, "fp8_e4m3_fast", True).facts.second_tma
     # Splits of at most 128 keys run the short-split kernel (64 rows as well); longer ones the fast kernel.
     assert v.facts.runs_second(1024, 8) and not v.facts.runs_second(1024, 4)
     assert v.facts.launch_rows(1024, 8, heads) == 64

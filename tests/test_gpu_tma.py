@@ -2,7 +2,9 @@
 build has no such variant). Which kernels those are comes from the loaded build's path facts
 (mla_variants._binding.library().facts[(num_heads, page_size, dtype, split)]): `tma` says the variant's
 own kernel loads full tiles by TMA (the 64-row kernel, more than 32 heads, of a page size that is a
-multiple of 64: bf16/fp16, and fp8_e4m3 over the cache's raw bytes, before the copy warps widen them),
+multiple of 64: bf16/fp16, fp8_e4m3 over the cache's raw bytes, before the copy warps widen them, and
+fp8_e4m3_fast, whose fp8 kernel reads the swizzled raw bytes as they land: those cases call
+fp8_mode="fast"),
 `second_tma` that its second kernel does (the 64-row kernel that 17..32-head bf16/fp16 variants run for
 short splits).
 
@@ -20,7 +22,7 @@ same, so out and lse must be identical.
   tma="require" (so the TMA path surely ran; the transposed path of smaller head counts gathers with
   cp.async) on seq_lens {0, 1, 63, 64, 65, 127, 128, 129, 65536, 65537, 65599} in one batch, q_len 1
   and 2, forced splits, NaN-prefilled outputs, against the fp32 reference (for fp8: on the dequantized
-  cache, k_scale 0.0625, within mla_variants.testing.FP8_TOLERANCE).
+  cache, k_scale 0.0625, within mla_variants.testing.FP8_TOLERANCE, fast variants FP8_FAST_TOLERANCE).
 - test_tma_bitwise_equals_cp_async: tma="require" vs tma="off", every TMA page size, split and not.
 - test_negative_page_id_in_a_full_tile: block_table entries of -1 inside a request's range (full
   tiles): cp.async zero-fills them, TMA reads an out-of-bounds box as zeros; both must agree bitwise
@@ -29,7 +31,8 @@ same, so out and lse must be identical.
   the legal caches TMA cannot address (stride-0 pages or tokens, a one-page cache with an odd page
   stride), which the default mode serves correctly through cp.async.
 - test_require_refuses_an_fp8_cache_tma_cannot_address: the same refusal for the fp8 64-token kernel's
-  byte map (proof that the fp8 launch encodes one), and the cp.async fallback right.
+  byte map and the fast kernel's swizzled one (proof that each fp8 launch encodes one), and the
+  cp.async fallback right.
 - test_require_shows_which_kernel_a_17_to_32_head_launch_runs: the same refusal for the 64-row kernel
   of a 17..32-head variant (short splits), none for its transposed kernel (long splits).
 """
@@ -45,10 +48,14 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
     pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
 
 from mla_variants import LibraryNotBuiltError, _binding, mla_decode_reference  # noqa: E402
-from mla_variants.testing import FP8_TOLERANCE, PagedCase, compare, make_paged_case, run_nan_prefilled  # noqa: E402
+from mla_variants.testing import FP8_FAST_TOLERANCE, FP8_TOLERANCE, PagedCase, compare, make_paged_case, \
+    run_nan_prefilled  # noqa: E402
 
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn,
+      "fp8_e4m3_fast": torch.float8_e4m3fn}
 FP8 = "fp8_e4m3"
+FP8_FAST = "fp8_e4m3_fast"
+FP8S = (FP8, FP8_FAST)
 FP8_K_SCALE = 0.0625  # stored value x k_scale = real value: far from 1, so a scale applied twice or not at all fails
 NOT_SUPPORTED = "CUDA error 801"  # cudaErrorNotSupported: what tma="require" raises when encoding fails
 DEFAULT = None  # a mode: mla_decode called without `tma` (its default, "auto")
@@ -96,18 +103,23 @@ def _splits_of(split: bool):
 
 
 def _q_dtype(dtype: str) -> torch.dtype:
-    return torch.bfloat16 if dtype == FP8 else DT[dtype]
+    return torch.bfloat16 if dtype in FP8S else DT[dtype]
 
 
 def _k_scale(dtype: str):
-    return FP8_K_SCALE if dtype == FP8 else None
+    return FP8_K_SCALE if dtype in FP8S else None
 
 
 def _tolerance(dtype: str) -> dict:
-    return FP8_TOLERANCE if dtype == FP8 else {}
+    return FP8_FAST_TOLERANCE if dtype == FP8_FAST else FP8_TOLERANCE if dtype == FP8 else {}
 
 
-_SEED = {"bf16": 0, "fp16": 1, FP8: 2}
+def _mode(dtype: str) -> dict:
+    """mla_decode's keyword that runs a variant of this dtype token (the fast variants' fp8_mode)."""
+    return {"fp8_mode": "fast"} if dtype == FP8_FAST else {}
+
+
+_SEED = {"bf16": 0, "fp16": 1, FP8: 2, FP8_FAST: 3}
 
 
 def _launch_key(heads: int, page: int, dtype: str, num_kv_splits: int):
@@ -145,10 +157,11 @@ def _assert_takes_tma(key, bound: int, num_kv_splits: int) -> None:
 # ------------------------------------------------------------------------------------------------
 # Running one case under several TMA modes, in this process
 
-def _run(case: PagedCase, num_kv_splits: int, mode):
-    """{"out", "lse"} of run_nan_prefilled under `mode` (DEFAULT: no `tma` argument), or {"error":
-    "Type: message"} for a launch that fails (a tma="require" refusal), recorded for the test to judge."""
-    kwargs = {} if mode is DEFAULT else {"tma": mode}
+def _run(case: PagedCase, num_kv_splits: int, mode, dtype: str = "bf16"):
+    """{"out", "lse"} of run_nan_prefilled under `mode` (DEFAULT: no `tma` argument) for a variant of
+    `dtype`, or {"error": "Type: message"} for a launch that fails (a tma="require" refusal), recorded for
+    the test to judge."""
+    kwargs = {**_mode(dtype), **({} if mode is DEFAULT else {"tma": mode})}
     try:
         out, lse = run_nan_prefilled(case, num_kv_splits, **kwargs)
         return {"out": out, "lse": lse}
@@ -157,8 +170,8 @@ def _run(case: PagedCase, num_kv_splits: int, mode):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _runs(case: PagedCase, num_kv_splits: int, modes) -> dict:
-    return {mode: _run(case, num_kv_splits, mode) for mode in modes}
+def _runs(case: PagedCase, num_kv_splits: int, modes, dtype: str = "bf16") -> dict:
+    return {mode: _run(case, num_kv_splits, mode, dtype) for mode in modes}
 
 
 def _mode_name(mode) -> str:
@@ -263,7 +276,7 @@ def test_tma_variant_against_reference(key):
         for n in _splits_of(split):
             _assert_takes_tma(_launch_key(heads, page, dtype, n), case.block_table.shape[1] * page, n)
             # "require": a contiguous cache must be encoded, so this is the TMA path for sure
-            out, lse = run_nan_prefilled(sub, n, tma="require")
+            out, lse = run_nan_prefilled(sub, n, tma="require", **_mode(dtype))
             problems = compare(out, lse, ref_out, ref_lse, **_tolerance(dtype))
             assert not problems, f"{_key_id(key)} q_len={q_len} num_kv_splits={n} seq_lens={LENS}: {problems}"
 
@@ -288,10 +301,10 @@ def test_tma_bitwise_equals_cp_async():
                                     case.softmax_scale, case.k_scale)
                     ref = _reference(sub)
                     # fp8: 64 splits of 4160 keys would be short (the short-split kernel, no TMA)
-                    for n in (((2, 3) if dtype == FP8 else (3, 64)) if split else (1,)):
+                    for n in (((2, 3) if dtype in FP8S else (3, 64)) if split else (1,)):
                         _assert_takes_tma(_launch_key(heads, page, dtype, n), case.block_table.shape[1] * page, n)
                         label = f"{name} heads={heads} q_len={q_len} num_kv_splits={n}"
-                        got = _runs(sub, n, ("require", "off"))
+                        got = _runs(sub, n, ("require", "off"), dtype)
                         _assert_matches(got["require"], ref, f'tma="require", {label}', dtype)
                         _assert_bitwise(got["require"], got["off"], f'tma="require" vs tma="off", {label}')
 
@@ -328,10 +341,10 @@ def test_negative_page_id_in_a_full_tile():
                                 case.k_scale)
                 ref = mla_decode_reference(sub.q, kv_ref, table_ref.cuda(), sub.seq_lens, sub.softmax_scale,
                                            k_scale=sub.k_scale)
-                for n in (((2, 3) if dtype == FP8 else (2, 5)) if split else (1,)):
+                for n in (((2, 3) if dtype in FP8S else (2, 5)) if split else (1,)):
                     _assert_takes_tma(_launch_key(hs[0], page, dtype, n), table.shape[1] * page, n)
                     label = f"{name} heads={hs[0]} q_len={q_len} num_kv_splits={n} holes={holes}"
-                    got = _runs(sub, n, ("require", "off"))
+                    got = _runs(sub, n, ("require", "off"), dtype)
                     _assert_matches(got["off"], ref, f'tma="off" (cp.async), page id -1 reads zeros, {label}', dtype)
                     _assert_bitwise(got["require"], got["off"], f'page id -1: tma="require" vs tma="off", {label}')
 
@@ -353,7 +366,7 @@ def _check_require_modes(jobs: list[_Job], refused: set) -> None:
     reference and tma="off" bit for bit (a refused map falls back to cp.async); under "require", the
     jobs in `refused` (indices) must fail with 801 and the others match tma="off" bit for bit."""
     for i, job in enumerate(jobs):
-        got = _runs(job.case, job.num_kv_splits, ("require", "off", DEFAULT))
+        got = _runs(job.case, job.num_kv_splits, ("require", "off", DEFAULT), job.dtype)
         label = job.label
         _assert_matches(got[DEFAULT], job.ref, f"{_mode_name(DEFAULT)}, {label}", job.dtype)
         _assert_bitwise(got[DEFAULT], got["off"], f'{_mode_name(DEFAULT)} vs tma="off", {label}')
@@ -365,7 +378,7 @@ def _check_require_modes(jobs: list[_Job], refused: set) -> None:
 
 
 def _first_dtype(page):
-    got = [d for p, d in PAGE_DTYPES if p == page and d != FP8]  # these cases build 16-bit caches
+    got = [d for p, d in PAGE_DTYPES if p == page and d not in FP8S]  # these cases build 16-bit caches
     return got[0] if got else None
 
 
@@ -450,26 +463,27 @@ def test_require_with_overlapping_token_rows():
 
 
 def test_require_refuses_an_fp8_cache_tma_cannot_address():
-    """The fp8 64-token kernel encodes its map over bytes: under tma="require" a cache whose pages are
-    expanded from one page (page stride 0) must fail with 801, which proves the fp8 launch tried to
-    encode one (a kernel without the fp8 TMA path would launch and pass silently); by default and with
-    tma="off" the same cache goes through cp.async and matches the reference."""
+    """The fp8 64-token kernel encodes its map over bytes, the fast kernel its swizzled one: under
+    tma="require" a cache whose pages are expanded from one page (page stride 0) must fail with 801,
+    which proves the launch tried to encode one (a kernel without a TMA path would launch and pass
+    silently); by default and with tma="off" the same cache goes through cp.async and matches the
+    reference."""
     from mla_variants.fp8 import quantize_kv
-    pages = [p for p, d in PAGE_DTYPES if d == FP8]
-    if not pages:
-        pytest.skip("no fp8_e4m3 variant whose own kernel loads full tiles by TMA is compiled")
+    page_dtypes = [(p, d) for p, d in PAGE_DTYPES if d in FP8S]
+    if not page_dtypes:
+        pytest.skip("no fp8 variant whose own kernel loads full tiles by TMA is compiled")
     jobs = []
-    for page in pages:
-        heads = _heads(page, FP8)[0]
+    for page, dtype in page_dtypes:
+        heads = _heads(page, dtype)[0]
         g = torch.Generator().manual_seed(7000 + page)
         base = quantize_kv(torch.randn(1, page, 576, generator=g) * 0.1, FP8_K_SCALE).cuda()
         kv = base.as_strided((4, page, 576), (0, 576, 1), 0)
         q = (torch.randn(2, 1, heads, 576, generator=g) * 0.1).to(torch.bfloat16)
         table = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=torch.int32)
         lens = torch.tensor([3 * page + 10, page + 1], dtype=torch.int32)
-        _assert_takes_tma(_launch_key(heads, page, FP8, 1), table.shape[1] * page, 1)
-        jobs.append(_job(f"p{page} fp8 heads={heads} page stride 0 (expanded pages)", q, kv, table, lens,
-                         (128 + 64) ** -0.5, k_scale=FP8_K_SCALE, dtype=FP8))
+        _assert_takes_tma(_launch_key(heads, page, dtype, 1), table.shape[1] * page, 1)
+        jobs.append(_job(f"p{page} {dtype} heads={heads} page stride 0 (expanded pages)", q, kv, table, lens,
+                         (128 + 64) ** -0.5, k_scale=FP8_K_SCALE, dtype=dtype))
     _check_require_modes(jobs, set(range(len(jobs))))
 
 

@@ -86,6 +86,13 @@ template <int kMathThreads = 128 * kNumWarpgroups>
 __device__ __forceinline__ void math_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kMathThreads) : "memory");
 }
+// The same named barrier reached from different code, as warp-specialized roles do (fp8_fast.cuh): PTX's
+// bar.sync is barrier.sync.aligned, which every thread must reach through the same instruction, so
+// these take barrier.sync without .aligned (synccheck reports the aligned form as divergence).
+template <int kThreads>
+__device__ __forceinline__ void role_barrier(int id) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 __device__ __forceinline__ void math_barrier_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 * kNumWarpgroups) : "memory");
 }
@@ -119,8 +126,9 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 __device__ __forceinline__ void arrive_barrier_count(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
-// Box {64 columns, 64 tokens, 1 page} at coordinates (c0, c1, c2) into 8 KiB of shared memory at
-// smem_dst (1024-byte aligned, so the map's 128-byte swizzle is the one wgmma reads).
+// The map's box (tma_map.cuh: 64 tokens of 64 16-bit values, 64 bytes or 128 bytes) at coordinates
+// (c0, c1, c2) into shared memory at smem_dst (1024-byte aligned, so a 128-byte swizzle is the one
+// wgmma reads).
 __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tensor_map, uint64_t* bar, int c0,
                                             int c1, int c2) {
   asm volatile(

@@ -171,7 +171,7 @@ constexpr bool kSchedulable = !kUseSt<NUM_HEADS, CacheTypes<Cache>::kFp8> && !Ca
 enum class SecondKernel : int { kNone = 0, kShortSplit = 1, kRows64 = 2 };
 
 // A fast-mode variant (CacheTypes::kFast) runs the fp8 fast kernel: 64 rows per CTA (rows of missing
-// heads masked), cp.async loads; a split one also runs a balanced schedule (fp8_fast.cuh SCHED) and,
+// heads masked), TMA on pages that are multiples of 64 (tma_map.cuh's fast map); a split one also runs a balanced schedule (fp8_fast.cuh SCHED) and,
 // on splits of at most kFp8ShortSplitKeys keys, the exact fp8 short-split kernel as its second kernel
 // (second_kernel.cuh), which is faster on splits that short.
 template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT>
@@ -189,7 +189,7 @@ struct VariantTraits {
                                              : kSecond == SecondKernel::kRows64 && kRows == 32
                                                  ? kSt32MinKeys - kBlockN
                                                  : 0;
-  static constexpr bool kTma = !kFast && kTmaPages<Cache, PAGE_SIZE, kRows>;
+  static constexpr bool kTma = kTmaPages<Cache, PAGE_SIZE, kRows>;
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;
   static constexpr bool kBalanced = SPLIT && (kFast || kSchedulable<Cache, NUM_HEADS>);

@@ -1,21 +1,24 @@
 // The fp8 fast mode on the 64-row path (docs/design.md 3.3): fp8 tensor-core math on the cache's raw
-// e4m3 bytes. One CTA per (request, 64-row block), a producer warpgroup and two math warpgroups in the
-// seesaw of consumer_rows64.cuh, with these differences:
+// e4m3 bytes. One CTA per (request, 64-row block): a producer warpgroup, a softmax warpgroup and two
+// P V warpgroups, each role running ahead of the next as far as the four-stage ring allows:
 //   - the producer only copies: a tile is 64 tokens x 576 raw bytes in the 128-byte-swizzled K-major
 //     layout that fp8 wgmma reads (five 8 KiB slots of 128 bytes per token, the fifth half used);
-//   - Q is rounded to e4m3 by the math warps at entry, with one power-of-2 scale per row;
-//   - S = Q8 K8^T over all 576 columns (fp8 wgmma, 18 k-steps of 32), each row scaled by k_scale /
-//     its Q scale;
-//   - P is stored as e4m3 (times 2^8) transposed, P^T [64 rows x 64 tokens], and each warpgroup keeps
-//     O^T [256 dims x 64 rows] in fp32 registers: O^T += V^T P^T, each tile's product in a cleared wgmma
-//     accumulator first (pv_promoted), with V^T built in registers from the same
-//     tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so no V^T copy
-//     exists. The fragment's rows are dims in pi order and its columns tokens in sigma order (below),
-//     so P^T is stored with its tokens in sigma order;
-//   - lse's row sums come from P before rounding, out's from the e4m3 values P V reads; O^T is
-//     rescaled per column (query row) from the row maxima in shared memory.
-// A split variant also has a balanced-schedule instantiation (SCHED, scheduled.cuh's walk): the CTA runs
-// rows_fast once per segment of its schedule run, the ring carrying on across segments.
+//   - Q is rounded to e4m3 at entry, with one power-of-2 scale per row;
+//   - the softmax warpgroup (softmax_role) computes every tile's S = Q8 K8^T over all 576 columns (fp8
+//     wgmma, 18 k-steps of 32; each row scaled by k_scale / its Q scale), keeps the rows' running max and
+//     sums, and hands each tile's P to the P V warpgroups: stored as e4m3 (times 2^8) transposed, P^T
+//     [64 rows x 64 tokens], with the rows' factors alpha, in the tile's stage (p_full);
+//   - each P V warpgroup (pv_role) keeps O^T [its 256 dims x 64 rows] in fp32 registers: O^T += V^T P^T,
+//     each tile's product in a cleared wgmma accumulator first (pv_promoted), with V^T built in registers
+//     from the same tile (one ldmatrix.trans.x4 and four byte permutes per warp, m-block and k-step), so
+//     no V^T copy exists. The fragment's rows are dims in pi order and its columns tokens in sigma order
+//     (below), so P^T is stored with its tokens in sigma order;
+//   - lse's row sums come from P before rounding, out's from the e4m3 values P V reads.
+// So the softmax warpgroup's S of tile t + 1 runs on the tensor cores while the P V warpgroups multiply
+// tile t, and no warpgroup waits for another's row max.
+// A split variant also has a balanced-schedule instantiation (SCHED, scheduled.cuh's walk): each math
+// warpgroup runs its part (softmax_rows / pv_rows) once per segment of the CTA's schedule run, the ring
+// carrying on across segments.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -43,10 +46,14 @@ using E4 = cutlass::float_e4m3_t;
 constexpr int kTileBytes = 640;                  // a token's or Q row's slots: 5 x 128 bytes, 576 used
 constexpr int kSlots = 5;                        // 128-byte column slots of a tile (the fifth: RoPE, 64 bytes)
 constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
-constexpr float kPScale = 256.f;                 // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal
+constexpr float kPScaleLog2 = 8.f;               // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal;
+constexpr float kPScale = 256.f;                 // the factor rides in exp2's argument (exp_store_pt)
+static_assert(kPScale == float(1 << int(kPScaleLog2)), "kPScale is 2^kPScaleLog2");
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
-constexpr int kStages = 4;                       // tile t in stage t % 4; warpgroup t % 2 owns its S
+constexpr int kStages = 4;                       // tile t in stage t % 4
+constexpr int kPvWgs = 2;                        // P V warpgroups, 256 of V's dims each
+constexpr int kMathThreads = 128 * (1 + kPvWgs);  // the softmax warpgroup (math thread 0-127) and the P V ones
 using Piece = cutlass::bfloat16_t;               // out's type, and that of a split launch's workspace pieces
                                                  // at every head count (launch.cuh hands the combine this type)
 
@@ -54,7 +61,7 @@ using LayoutTile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E4>{}, Shape
 using LayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<E4>{}, Shape<_64, _64>{}));
 
 struct Storage {
-  static constexpr int kThreads = kProducerThreads + 128 * kNumWarpgroups;
+  static constexpr int kThreads = kProducerThreads + kMathThreads;
   alignas(1024) E4 kv[kStages][kBlockN * kTileBytes];  // 4 x 40 KiB: raw tiles
   // q, pt and tail lie back to back, 64 KiB: the epilogue stages each warpgroup's O there (every read
   // of Q and P^T is done by then), never in the ring, which a scheduled CTA's producer is already
@@ -63,22 +70,16 @@ struct Storage {
   alignas(1024) E4 pt[kStages][kBlockM * kBlockN];  // 4 x 4 KiB: P^T of the stage's tile
   alignas(1024) char tail[8192];
   float q_inv_scale[kBlockM];                      // 1 / (Q row's power-of-2 scale)
-  float row_max[2][kBlockM];                       // the seesaw's running max hand-over
-  float row_alpha[2][kBlockM];                     // and the factor of what came before (O^T's columns)
-  float row_sum[2][kBlockM];                       // each warpgroup's row sums at the end (for lse)
+  float row_alpha[kStages][kBlockM];               // the stage's tile: each row's factor for what came before
+  float row_factor[kBlockM];                       // at the end: k_scale / the row's sum of the rounded P
   uint64_t kv_full[kStages], kv_empty[kStages];
+  uint64_t p_full[kStages];                        // the stage's P^T and row_alpha are written
 };
-// A math thread's running row sums of the rounded P (exp_store_pt), its two rows', in shared memory
-// rather than registers (the math warps have none left): tail is free until the epilogue stages O.
-__device__ __forceinline__ float2* l_p8_slot(Storage& s, int wg, int warp, int lane) {
-  return reinterpret_cast<float2*>(s.tail) + (wg * 128 + warp * 32 + lane);
-}
-static_assert(sizeof(Storage::tail) >= 256 * sizeof(float2), "tail holds the math threads' l_p8 slots");
 
-// A warpgroup's staged O: 64 rows of its 256 dims.
-constexpr int kStagedBytes = kBlockM * (kHeadDimV / kNumWarpgroups) * int(sizeof(Piece));
-static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kNumWarpgroups * kStagedBytes,
-              "q, pt and tail hold both warpgroups' staged O");
+// A P V warpgroup's staged O: 64 rows of its 256 dims.
+constexpr int kStagedBytes = kBlockM * (kHeadDimV / kPvWgs) * int(sizeof(Piece));
+static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kPvWgs * kStagedBytes,
+              "q, pt and tail hold both P V warpgroups' staged O");
 constexpr int kThreads = Storage::kThreads;
 constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
 
@@ -99,15 +100,9 @@ __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 }
-// Two e4m3 (low byte first) -> the same two values as f16 (exact: e4m3 is a subset of f16).
-__device__ __forceinline__ __half2 f16x2_of_e4m3x2(uint16_t v) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
-  return *reinterpret_cast<const __half2*>(&r);
-}
 
 // ---------------------------------------------------------------------------------------------
-// Q: the math warps round the CTA's 64 rows to e4m3 with one power-of-2 scale per row (the largest
+// Q: the 256 threads of the P V warpgroups round the CTA's 64 rows to e4m3 with one power-of-2 scale per row (the largest
 // that keeps the row's largest magnitude <= 448), 4 threads per row.
 
 template <int NUM_HEADS>
@@ -164,9 +159,17 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
 }
 
 // ---------------------------------------------------------------------------------------------
-// The producer: every tile of [kv_begin, kv_end) by 16-byte cp.async into stage t % 4, eight threads
-// per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end. One full barrier per stage
-// (128 arrivals) and one empty barrier (8: each math warp once, after its last read of the tile).
+// The producer: every tile of [kv_begin, kv_end) into stage t % 4. One full barrier per stage (128
+// arrivals) and one empty barrier (12: each math warp once, after its last read of the tile).
+// - With a tensor map (kv_map, pages that are multiples of 64 tokens: a tile is 64 tokens of one page),
+//   every full tile goes by TMA: warp 0 waits for the stage, its lane 0 announces the tile's 40 KiB on
+//   kv_full, issues the five slots' boxes (128 bytes x 64 tokens, the map's 128-byte swizzle is
+//   tile_offset's; the fifth box's bytes past 576 are zeros) and arrives for the other 127 producer
+//   threads, while warps 1-3 wait at kBarProducer (as producer.cuh's tma_full_tiles, whose comment has
+//   why no thread then waits more than one phase ahead).
+// - Every other tile (all of them without a map; else the partial last one) by 16-byte cp.async, eight
+//   threads per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end, so whatever lies past
+//   seq_len (possibly NaN) never reaches shared memory.
 // ph: bit j is the parity of stage j's uses before this segment (0 in a uniform launch; the scheduled
 // walk carries it, stage_flips). The caller waits for its copies (cp_async_wait_all) before it retires.
 
@@ -180,10 +183,38 @@ __device__ __forceinline__ uint32_t stage_flips(int n) {
 
 template <int PAGE_SIZE>
 __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int b, int kv_begin, int kv_end,
-                                        int num_tiles, int ptid, uint32_t ph) {
+                                        int num_tiles, int ptid, uint32_t ph, const void* kv_map) {
   const int sub = ptid % 8, n0 = ptid / 8;
   const int32_t* table = a.block_table + int64_t(b) * a.block_table_stride;
   const char* cache = static_cast<const char*>(a.kv_cache);
+  int first_copied = 0;  // tiles before it went by TMA
+  if constexpr (PAGE_SIZE % kBlockN == 0) {
+    if (kv_map != nullptr) {
+      const int full_tiles = (kv_end - kv_begin) / kBlockN;
+      if (ptid < 32) {
+        int32_t pg = full_tiles > 0 ? table[kv_begin / PAGE_SIZE] : 0;
+        for (int t = 0; t < full_tiles; ++t) {
+          const int tile_start = kv_begin + t * kBlockN;
+          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
+          const int stage = t % kStages;
+          wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);
+          if (ptid == 0) {
+            const uint32_t base = smem_u32(s.kv[stage]);
+            arrive_expect_tx(&s.kv_full[stage], uint32_t(kSlots * kBlockN * 128));
+            CUTE_UNROLL
+            for (int c = 0; c < kSlots; ++c) {
+              tma_load_3d(base + uint32_t(c * kBlockN * 128), kv_map, &s.kv_full[stage], c * 128, tile_start % PAGE_SIZE, pg);
+            }
+            arrive_barrier_count(&s.kv_full[stage], kProducerThreads - 1);
+          }
+          __syncwarp();
+          pg = next_pg;
+        }
+      }
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");
+      first_copied = full_tiles;
+    }
+  }
   // This thread's rows n0 + 16 j of tile t: their pages, looked up one tile ahead (-1 past kv_end).
   int32_t page[4], next_page[4];
   auto lookup = [&](int t, int32_t (&pg)[4]) {
@@ -193,8 +224,8 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
       pg[j] = token < kv_end ? table[token / PAGE_SIZE] : -1;
     }
   };
-  lookup(0, page);
-  for (int t = 0; t < num_tiles; ++t) {
+  if (first_copied < num_tiles) lookup(first_copied, page);
+  for (int t = first_copied; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) lookup(t + 1, next_page);
     const int stage = t % kStages;
     wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);  // a first use does not wait
@@ -333,7 +364,7 @@ __device__ __forceinline__ void pv_promoted(const Storage& s, int stage, const V
 // for dims e = 0, 1).
 
 struct Math {
-  int wg, warp, lane, row0;
+  int warp, lane, row0;
   int kv_begin;
   int key_limit[2];
   int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
@@ -349,18 +380,8 @@ __device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c,
                              c.kv_begin + tile * kBlockN, c.unmasked_end, c.key_limit, c.lane, tile_max);
 }
 
-// The S-layout running max moves to m_new (advance_max), and l takes the factor alpha, which the
-// tile's owner also publishes per row for O^T's columns (l_p8 takes it in exp_store_pt on the owner's
-// tiles, after the hand-over, and in follow on the other's).
-__device__ __forceinline__ void advance_rows(float (&m_run)[2], const float (&m_new)[2], float (&l)[2],
-                                             float (&m_sub)[2], float (&alpha)[2]) {
-  advance_max(m_run, m_new, alpha, m_sub);
-  l[0] *= alpha[0];
-  l[1] *= alpha[1];
-}
-
-// O^T's columns (query rows) times the factors the tile's owner published in `row_alpha`, skipped
-// when no column of the warp moved. Column of element i: o_col(2 (i >> 2) + (i & 1)).
+// O^T's columns (query rows) times the factors the softmax warpgroup wrote for the tile in `row_alpha`,
+// skipped when no column of the warp moved. Column of element i: o_col(2 (i >> 2) + (i & 1)).
 __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row_alpha, int lane) {
   float alpha[16];
   bool moved = false;
@@ -380,18 +401,18 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
   }
 }
 
-// P = exp2(S - m_sub) into P^T of the stage (e4m3, times kPScale, tokens in sigma order per k-step);
-// row sums of the unrounded P into l (lse's), and of the e4m3 values that P V reads into l_p8 (out's
-// divisor, in kPScale units): out is then a weighted mean of V with the weights P V used, so a cache
-// whose values share a sign keeps its mean (design.md 3.3, "Row sums"); l_p8 first takes the tile's
-// factor alpha. The tile's terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale
-// each, so at most 2048: all but the smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) +
-// 2 q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and
-// k & 15 = 4 q + 2 ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this
-// thread's byte offset row0 * 64 + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at
-// k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte store.
-__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub)[2],
-                                             const float (&alpha)[2], float (&l)[2], float2* l_p8, E4* pt) {
+// P kPScale = exp2(S - m_sub8), m_sub8 = m_sub - kPScaleLog2 (the factor in the exponent, no multiply), into P^T of
+// the stage (e4m3, tokens in sigma order per k-step); row sums of the unrounded P into l (lse's) and of the e4m3
+// values that P V reads into l_p8 (out's divisor), both in kPScale units: out is then a weighted mean of V with the
+// weights P V used, so a cache whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's
+// terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale each, so at most 2048: all but the
+// smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) + 2
+// q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and k & 15 = 4 q + 2
+// ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this thread's byte offset row0 * 64
+// + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte
+// store.
+__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub8)[2],
+                                             float (&l)[2], float (&l_p8)[2], E4* pt) {
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   const int swz = (c.row0 >> 1) & 3;
   __half2 sum_p8[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
@@ -400,131 +421,106 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
     CUTE_UNROLL
     for (int i = g; i < g + 4; i += 2) {
       const int r = (i >> 1) & 1;
-      const float p0 = exp2_ftz(S[i] - m_sub[r]);
-      const float p1 = exp2_ftz(S[i + 1] - m_sub[r]);
-      const float p2 = exp2_ftz(S[i + 4] - m_sub[r]);
-      const float p3 = exp2_ftz(S[i + 5] - m_sub[r]);
+      const float p0 = exp2_ftz(S[i] - m_sub8[r]);
+      const float p1 = exp2_ftz(S[i + 1] - m_sub8[r]);
+      const float p2 = exp2_ftz(S[i + 4] - m_sub8[r]);
+      const float p3 = exp2_ftz(S[i + 5] - m_sub8[r]);
       l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
       l[r] += p2 + p3;
       const int off = r * 512 + (((i >> 3) ^ swz) << 4);
-      const uint16_t p01 = e4m3x2(p0 * kPScale, p1 * kPScale), p23 = e4m3x2(p2 * kPScale, p3 * kPScale);
-      *reinterpret_cast<uint32_t*>(base + off) = uint32_t(p01) | (uint32_t(p23) << 16);
-      sum_p8[r] = __hadd2(sum_p8[r], __hadd2(f16x2_of_e4m3x2(p01), f16x2_of_e4m3x2(p23)));
+      const uint32_t p4 =
+          uint32_t(e4m3x2(p0, p1)) | (uint32_t(e4m3x2(p2, p3)) << 16);
+      *reinterpret_cast<uint32_t*>(base + off) = p4;
+      const uint2 h = e4m3x4_to_f16x4(p4);  // the four stored values, exactly
+      sum_p8[r] = __hadd2(sum_p8[r], __hadd2(*reinterpret_cast<const __half2*>(&h.x), *reinterpret_cast<const __half2*>(&h.y)));
     }
   }
-  const float2 f0 = __half22float2(sum_p8[0]), f1 = __half22float2(sum_p8[1]);
-  const float2 v = *l_p8;
-  *l_p8 = make_float2(v.x * alpha[0] + (f0.x + f0.y), v.y * alpha[1] + (f1.x + f1.y));
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float2 f = __half22float2(sum_p8[r]);
+    l_p8[r] += f.x + f.y;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
-// The seesaw over the CTA's tiles (consumer_rows64.cuh consume_two_stage, P V first: tile a's stage is
-// released before S(b) is issued); ph as in produce.
+// The roles of the math warpgroups over the CTA's tiles; ph as in produce. Per tile t in stage
+// st = t % 4: the producer fills the stage (kv_full); the softmax warpgroup reads K for S, releases its
+// share of the stage, then writes P^T and row_alpha of the stage and arrives on p_full; each P V
+// warpgroup waits for p_full, reads row_alpha, V (ldmatrix) and P^T (wgmma), and releases its share
+// (kv_empty: 12 warp arrivals). The softmax warpgroup writes stage st's P^T and row_alpha again for tile
+// t + 4 only after kv_full of tile t + 4, which the producer signals only after every P V warp released
+// tile t: so the ring bounds how far the softmax warpgroup runs ahead, and no buffer is overwritten
+// while it is read.
 
-__device__ __forceinline__ void consume(Storage& s, const Math& c, int num_tiles, uint32_t ph, float (&o)[4][32],
-                                        float (&m_run)[2], float (&l_run)[2]) {
-  float2* l_p8 = l_p8_slot(s, c.wg, c.warp, c.lane);
-  float m_new[2], m_sub[2], alpha[2], S[32];
-  const VtAddr vt(s, c.wg, c.warp, c.lane);
-  // The owner of tile t (warpgroup t % 2) publishes the rows' new max in row_max[t % 2] and their
-  // factors in row_alpha[t % 2] before its hand-over barrier (kBarMaxA / kBarMaxPB); the other
-  // warpgroup reads them right after that barrier. The owner writes them again for tile t + 2 only
-  // after the other's hand-over barrier of tile t + 1, which the other reaches past its reads. P^T of
-  // tile t lives in its stage until the producer refills it, after every math warp released the stage.
-  auto publish = [&](int st) {
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      if (c.lane % 4 == 0) s.row_max[st][c.row0 + 8 * r] = m_new[r];
-    }
-    advance_rows(m_run, m_new, l_run, m_sub, alpha);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
-    }
-  };
-  auto follow = [&](int st) {  // the other warpgroup's tile: its max for l, its factors for O^T
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) m_new[r] = s.row_max[st][c.row0 + 8 * r];
-    advance_rows(m_run, m_new, l_run, m_sub, alpha);
-    const float2 v = *l_p8;
-    *l_p8 = make_float2(v.x * alpha[0], v.y * alpha[1]);
-    rescale_cols(o, s.row_alpha[st], c.lane);
-  };
-  auto own_s = [&](int st, int tile) {
-    wait_barrier(&s.kv_full[st], ((tile / kStages) ^ int(ph >> st)) & 1);
+// The softmax warpgroup: S, the online softmax and P^T of every tile. m_run, l_run and l_p8: the
+// thread's two rows' running max, sum of P and sum of the rounded P (quarter sums: the row's other
+// quarters are in lanes lane ^ 1, lane ^ 2).
+__device__ __forceinline__ void softmax_role(Storage& s, const Math& c, int num_tiles, uint32_t ph, float (&m_run)[2],
+                                             float (&l_run)[2], float (&l_p8)[2]) {
+  float S[32];
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t % kStages, parity = ((t / kStages) ^ int(ph >> st)) & 1;
+    wait_barrier(&s.kv_full[st], parity);
     issue_s(s, st, S);
     warpgroup_wait<0>();
     fence_acc(S);
-    float tile_max[2];
-    scale_mask_rowmax(S, c, tile, tile_max);
+    if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);  // K read; the P V warpgroups still read V
+    float tile_max[2], m_new[2], m_sub[2], alpha[2];
+    scale_mask_rowmax(S, c, t, tile_max);
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m_run[r], tile_max[r]);
-  };
-  auto pv = [&](int st) {
-    pv_promoted(s, st, vt, o);
-    if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);
-  };
-  for (int i = 0; i < (num_tiles + 1) / 2; ++i) {
-    const bool has_b = 2 * i + 1 < num_tiles;
-    const int sa = (2 * i) % kStages, sb = sa + 1;  // the stages of tiles a = 2i and b = 2i + 1
-    if (c.wg == 0) {
-      // ---- tile a = 2i (stage 0): S, softmax, P^T, O^T += V^T P^T.
-      own_s(sa, 2 * i);
-      publish(0);
-      math_barrier_arrive(kBarMaxA);
-      exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sa]);
-      fence_proxy_async_shared();  // P^T stores -> wgmma reads
-      math_barrier_arrive(kBarPA);
-      warpgroup_barrier(kBarOwnP + c.wg);  // the warpgroup's row_alpha and P^T stores
-      rescale_cols(o, s.row_alpha[0], c.lane);
-      pv(sa);
-      if (has_b) {
-        // ---- tile b: warpgroup 1's.
-        math_barrier(kBarMaxPB);
-        follow(1);
-        pv(sb);
-      }
-    } else {
-      // ---- tile a (warpgroup 0's).
-      math_barrier(kBarMaxA);
-      follow(0);
-      math_barrier(kBarPA);
-      pv(sa);
-      if (has_b) {
-        // ---- tile b = 2i + 1 (stage 1): S, softmax, P^T, O^T += V^T P^T.
-        own_s(sb, 2 * i + 1);
-        publish(1);
-        exp_store_pt(S, c, m_sub, alpha, l_run, l_p8, s.pt[sb]);
-        fence_proxy_async_shared();
-        math_barrier_arrive(kBarMaxPB);
-        warpgroup_barrier(kBarOwnP + c.wg);
-        rescale_cols(o, s.row_alpha[1], c.lane);
-        pv(sb);
-      }
+    advance_max(m_run, m_new, alpha, m_sub);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] *= alpha[r];
+      l_p8[r] *= alpha[r];
+      if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
     }
+    const float m_sub8[2] = {m_sub[0] - kPScaleLog2, m_sub[1] - kPScaleLog2};
+    exp_store_pt(S, c, m_sub8, l_run, l_p8, s.pt[st]);
+    fence_proxy_async_shared();  // P^T stores -> the P V warpgroups' wgmma reads
+    arrive_barrier(&s.p_full[st]);
+  }
+}
+
+// A P V warpgroup (pw: which 256 of V's dims): O^T += V^T P^T over every tile.
+__device__ __forceinline__ void pv_role(Storage& s, int pw, int warp, int lane, int num_tiles, uint32_t ph,
+                                        float (&o)[4][32]) {
+  const VtAddr vt(s, pw, warp, lane);
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t % kStages, parity = ((t / kStages) ^ int(ph >> st)) & 1;
+    wait_barrier(&s.kv_full[st], parity);  // V landed (complete already: the softmax warpgroup waited first)
+    wait_barrier(&s.p_full[st], parity);
+    rescale_cols(o, s.row_alpha[st], lane);
+    pv_promoted(s, st, vt, o);
+    __syncwarp();  // every lane's reads of V and row_alpha before lane 0 releases the stage for the warp
+    if (lane == 0) arrive_barrier(&s.kv_empty[st]);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// One (request, row block, key range) of the math warpgroups: Q, the seesaw and the epilogue, which
+// One (request, row block, key range) of the math warpgroups: Q, the roles and the epilogue, which
 // writes out and lse (piece_row < 0) or the workspace piece whose first row is piece_row. ph as in
-// produce. tid: the thread's index among the math threads.
+// produce. tid: the thread's index among the math threads (0-127 the softmax warpgroup). Each role has
+// its own function, called right after its warpgroup's register reconfiguration, so ptxas allocates
+// each under its own budget (code both roles shared would get the smaller one).
 
+// The softmax warpgroup's part: softmax_role once the P V warpgroups have rounded Q, then lse and the
+// rows' factors for the P V warpgroups.
 template <int NUM_HEADS>
-__device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row,
-                                          int tid, uint32_t ph) {
+__device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row,
+                                             int tid, uint32_t ph) {
   const MlaDecodeArgs& a = p.a;
-  Math c;
-  c.wg = __shfl_sync(0xffffffff, tid / 128, 0);
-  c.warp = (tid % 128) / 32;
-  c.lane = tid % 32;
-  c.row0 = c.warp * 16 + c.lane / 4;
-  c.kv_begin = w.kv_begin;
-  c.pt_base = c.row0 * 64 + 4 * (c.lane % 4);
-  make_q<NUM_HEADS>(s, a, w.b, w.m_block, tid);
-  fence_proxy_async_shared();  // Q stores -> wgmma reads
-  math_barrier(kBarQ);
+  const int warp = tid / 32, lane = tid % 32;
+  role_barrier<kMathThreads>(kBarQ);  // Q is in shared memory
+  const float nan = __int_as_float(0x7fc00000);
   const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
+  Math c;
+  c.warp = warp;
+  c.lane = lane;
+  c.row0 = warp * 16 + lane / 4;
+  c.kv_begin = w.kv_begin;
+  c.pt_base = c.row0 * 64 + 4 * (lane % 4);
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int qi = (w.m_block * kBlockM + c.row0 + 8 * r) / NUM_HEADS;
@@ -532,76 +528,72 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
     c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
   }
   c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
-  float o[4][32];
-  CUTE_UNROLL
-  for (int mb = 0; mb < 4; ++mb) {
-    CUTE_UNROLL
-    for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
-  }
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  *l_p8_slot(s, c.wg, c.warp, c.lane) = make_float2(0.f, 0.f);  // the thread's own slot
-  if (w.num_tiles > 0) consume(s, c, w.num_tiles, ph, o, m_run, l_run);
-  const float2 lp = *l_p8_slot(s, c.wg, c.warp, c.lane);
-  float l_p8[2] = {lp.x, lp.y};
-
-  // Row sums of both warpgroups (S layout) and the final max (warpgroup 0's copy), then per O^T column:
-  // out's factor and lse. row_max[0] is free: every warp is past its last hand-over read.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
+  if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
+  // Per row (lane % 4 == 0 holds it after the quad sums): lse (l_run in kPScale units), and O's factor
+  // k_scale / l_p8 (l_p8 in kPScale units) for the P V warpgroups.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 2);
     l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 1);
     l_p8[r] += __shfl_xor_sync(0xffffffff, l_p8[r], 2);
-    if (c.lane % 4 == 0) s.row_sum[c.wg][c.row0 + 8 * r] = l_run[r];
-  }
-  math_barrier(kBarEnd);  // every hand-over read and every P^T read is done
-  // The rounded P's row sums go to P^T's memory, free now (the staged O overwrites it only after the
-  // factors below are computed).
-  float* row_sum_p8 = reinterpret_cast<float*>(s.pt[0]);  // [2][kBlockM]
-  if (c.lane % 4 == 0) {
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      if (c.wg == 0) s.row_max[0][c.row0 + 8 * r] = m_run[r];
-      row_sum_p8[c.wg * kBlockM + c.row0 + 8 * r] = l_p8[r];
-    }
-  }
-  math_barrier(kBarEnd);
-  // Per row n, by thread n of the math warps: lse, and O's factor k_scale / l_p8 (l_p8 in kPScale units) into
-  // row_alpha[0] (free: every hand-over read is done).
-  const float nan = __int_as_float(0x7fc00000);
-  if (tid < kBlockM) {
-    const int n = tid, grow = w.m_block * kBlockM + n;
+    const int n = c.row0 + 8 * r, grow = w.m_block * kBlockM + n;
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
-    const QueryRow q = query_row(a, w.b, qi, h);
-    const float l = s.row_sum[0][n] + s.row_sum[1][n], l_p8 = row_sum_p8[n] + row_sum_p8[kBlockM + n];
-    s.row_alpha[0][n] = w.bad_len ? nan : (l_p8 > 0.f ? k_scale / l_p8 : 0.f);
-    const float lse = w.bad_len ? nan : (l > 0.f ? (s.row_max[0][n] + log2f(l)) * kLn2 : -INFINITY);
-    if (q.valid && piece_row >= 0) {
-      split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
-    } else if (q.valid) {
-      a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] = lse;
+    if (lane % 4 == 0) {
+      s.row_factor[n] = w.bad_len ? nan : (l_p8[r] > 0.f ? k_scale / l_p8[r] : 0.f);
+      const float lse =
+          w.bad_len ? nan : (l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r]) - kPScaleLog2) * kLn2 : -INFINITY);
+      const QueryRow q = query_row(a, w.b, qi, h);
+      if (q.valid && piece_row >= 0) {
+        split_workspace<Piece>(a).lse[piece_row + int64_t(qi) * a.num_heads + h] = lse;
+      } else if (q.valid) {
+        a.lse[int64_t(q.ob) * a.lse_stride_batch + int64_t(h) * a.lse_stride_head + int64_t(q.t) * a.lse_stride_token] =
+            lse;
+      }
     }
   }
-  // Normalised O: each warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in the
+  role_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
+}
+
+// A P V warpgroup's part (math threads 128-383): Q (make_q wants 72 registers, which the P V
+// warpgroups have to spare before their O^T is live), then pv_role, then its half of out.
+template <int NUM_HEADS>
+__device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row, int tid,
+                                        uint32_t ph) {
+  const MlaDecodeArgs& a = p.a;
+  const int pw = __shfl_sync(0xffffffff, tid / 128, 0) - 1, warp = (tid % 128) / 32, lane = tid % 32;
+  make_q<NUM_HEADS>(s, a, w.b, w.m_block, tid - 128);
+  fence_proxy_async_shared();  // Q stores -> wgmma reads
+  role_barrier<kMathThreads>(kBarQ);
+  float o[4][32];
+  CUTE_UNROLL
+  for (int mb = 0; mb < 4; ++mb) {
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
+  }
+  if (w.num_tiles > 0) pv_role(s, pw, warp, lane, w.num_tiles, ph, o);
+  role_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
+
+  // Normalised O: each P V warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in the
   // memory of Q and P^T (Storage; every read of both is done: kBarEnd above), the row-major layout
   // copy_staged_rows reads (16-byte chunk c of row r at c ^ (r % 8); a warp's 32 stores per (jj, mb) hit
   // 32 distinct banks), then copies whole rows out in a rolled loop: the epilogue runs once per CTA
   // (per segment, scheduled), so its code is kept small (a cold call fetches it from DRAM).
-  char* stage = reinterpret_cast<char*>(s.q) + c.wg * kStagedBytes;
-  math_barrier(kBarEnd);  // every row's factor is in row_alpha[0]
+  char* stage = reinterpret_cast<char*>(s.q) + pw * kStagedBytes;
   {
     // O^T column o_col(jj) = row 8 (jj >> 1) + n_lo, n_lo = 2 (lane % 4) + (jj & 1); dims d, d + 1 with
     // d = 64 mb + 16 warp + 2 (lane / 4): chunk 8 mb + 2 warp + lane / 16, byte 4 ((lane / 4) % 4).
-    const uint32_t chunk = uint32_t(2 * c.warp + c.lane / 16), byte = 4u * ((uint32_t(c.lane) / 4u) % 4u);
+    const uint32_t chunk = uint32_t(2 * warp + lane / 16), byte = 4u * ((uint32_t(lane) / 4u) % 4u);
     char* base[2];
     CUTE_UNROLL
     for (int odd = 0; odd < 2; ++odd) {
-      const uint32_t n_lo = 2u * (uint32_t(c.lane) % 4u) + uint32_t(odd);
+      const uint32_t n_lo = 2u * (uint32_t(lane) % 4u) + uint32_t(odd);
       base[odd] = stage + n_lo * 512u + ((chunk ^ n_lo) * 16u) + byte;
     }
     CUTE_UNROLL
     for (int jj = 0; jj < 16; ++jj) {
-      const float inv = s.row_alpha[0][o_col(jj, c.lane)];
+      const float inv = s.row_factor[o_col(jj, lane)];
       const int i = 4 * (jj >> 1) + (jj & 1);
       CUTE_UNROLL
       for (int mb = 0; mb < 4; ++mb) {
@@ -610,7 +602,7 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
       }
     }
   }
-  warpgroup_barrier(kBarOwnP + c.wg);
+  warpgroup_barrier(kBarOwnP + pw);
   auto dst_of = [&](uint32_t row) -> char* {
     const int grow = w.m_block * kBlockM + int(row);
     const int qi = grow / NUM_HEADS, h = grow % NUM_HEADS;
@@ -620,7 +612,7 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
                      ? split_workspace<Piece>(a).o + (piece_row + int64_t(qi) * a.num_heads + h) * kHeadDimV
                      : static_cast<Piece*>(a.out) + int64_t(q.ob) * a.out_stride_batch +
                            int64_t(q.t) * a.out_stride_token + int64_t(h) * a.out_stride_head;
-    return reinterpret_cast<char*>(dst + c.wg * (kHeadDimV / kNumWarpgroups));
+    return reinterpret_cast<char*>(dst + pw * (kHeadDimV / kPvWgs));
   };
   // Workspace rows are 16-byte aligned (launch.cuh checks the workspace); out rows may be 8-byte only.
   const bool aligned16 =
@@ -642,27 +634,31 @@ __device__ __forceinline__ void rows_fast(const DecodeParams& p, Storage& s, con
 // math warpgroups finish the last one.
 
 template <int NUM_HEADS, int PAGE_SIZE>
-__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid) {
+__device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage& s, int ptid, const void* kv_map) {
   uint32_t ph = 0;
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
     if (w.num_tiles == 0) return;
-    produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph);
+    produce<PAGE_SIZE>(s, p.a, w.b, w.kv_begin, w.kv_end, w.num_tiles, ptid, ph, kv_map);
     ph ^= stage_flips(w.num_tiles);
   });
 }
 
 // A segment without tiles only writes its placed rows (out 0 and lse -inf, or NaN). Between segments
-// both warpgroups meet (kBarEnd): the next segment's Q and P^T overwrite the memory where the last
-// one's O was staged. for_each_segment keeps only its cursor live, and this walk only ph: rows_fast
-// needs every register.
-template <int NUM_HEADS, int PAGE_SIZE>
+// the three math warpgroups meet (kBarEnd): the next segment's Q and P^T overwrite the memory where the
+// last one's O was staged. for_each_segment keeps only its cursor live, and this walk only ph: pv_rows
+// needs every register. SOFTMAX: the softmax warpgroup's walk, else a P V warpgroup's.
+template <int NUM_HEADS, int PAGE_SIZE, bool SOFTMAX>
 __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage& s, int tid) {
   uint32_t ph = 0;
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * p.a.q_len * p.a.num_heads;
-    rows_fast<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+    if constexpr (SOFTMAX) {
+      softmax_rows<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+    } else {
+      pv_rows<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+    }
     ph ^= stage_flips(w.num_tiles);
-    math_barrier(kBarEnd);
+    role_barrier<kMathThreads>(kBarEnd);
   });
 }
 
@@ -671,6 +667,11 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage
 // y = split (SCHED: x = m_block + num_m_blocks * c, the balanced schedule's CTA c). With num_kv_splits > 1
 // (or a request the schedule shares among CTAs) each CTA writes its normalised 16-bit piece and lse to the
 // workspace and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
+
+// The uniform launch's first workspace row of the CTA's piece, or -1 (one split: out and lse directly).
+__device__ __forceinline__ int64_t split_piece_row(const MlaDecodeArgs& a, const CtaWork& w) {
+  return a.num_kv_splits > 1 ? (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads : -1;
+}
 
 template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
@@ -683,32 +684,46 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     CUTE_UNROLL
     for (int st = 0; st < kStages; ++st) {
       cutlass::arch::ClusterBarrier::init(&s.kv_full[st], kProducerThreads);
-      cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], 4 * kNumWarpgroups);
+      cutlass::arch::ClusterBarrier::init(&s.kv_empty[st], kMathThreads / 32);  // each math warp once
+      cutlass::arch::ClusterBarrier::init(&s.p_full[st], 128);                   // each softmax thread
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
+    const void* kv_map = PAGE_SIZE % kBlockN == 0 && p.use_tma ? &p.kv_map : nullptr;  // launch.cuh: TMA pages
+    if (kv_map != nullptr && threadIdx.x == 0) prefetch_tensor_map(kv_map);
     if constexpr (SCHED) {
-      produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x);
+      produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x, kv_map);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u);
+      if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u, kv_map);
     }
     cp_async_wait_all();  // do not retire with copies in flight
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  // 40 + 104 + 2 x 184 = 512 registers per thread slot of a warpgroup: the 64 Ki of the SM.
   const int tid = threadIdx.x - kProducerThreads;
-  if constexpr (SCHED) {
-    consume_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, tid);
+  if (tid < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<104>();  // the softmax warpgroup
+    if constexpr (SCHED) {
+      consume_scheduled<NUM_HEADS, PAGE_SIZE, true>(p, s, tid);
+    } else {
+      const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+      softmax_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
+    }
+    return;  // like the producer, it exits before the stores: only they allow the combine's launch
   } else {
-    const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-    const int64_t piece_row = a.num_kv_splits > 1 ? (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads : -1;
-    rows_fast<NUM_HEADS>(p, s, w, piece_row, tid, 0u);
+    cutlass::arch::warpgroup_reg_alloc<184>();  // the P V warpgroups: O^T (128) and the promotion's accumulator (32)
+    if constexpr (SCHED) {
+      consume_scheduled<NUM_HEADS, PAGE_SIZE, false>(p, s, tid);
+    } else {
+      const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
+      pv_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
+    }
+    allow_dependent_launch<SPLIT>();  // past this warpgroup's stores
   }
-  allow_dependent_launch<SPLIT>();
 }
 
 }  // namespace fast

@@ -163,11 +163,9 @@ int launch(const MlaDecodeArgs* args) {
 #endif
   p.use_tma = 0;
   p.kv_map = CUtensorMap{};
-  if constexpr (!CacheTypes<Cache>::kFast) {  // the fast kernel loads by cp.async only
-    if (second ? Facts::kSecondTma : Facts::kTma) {
-      if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
-      if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
-    }
+  if (second ? Facts::kSecondTma : Facts::kTma) {
+    if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
+    if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
   }
   const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);

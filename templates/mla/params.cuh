@@ -20,9 +20,10 @@ struct DecodeParams {
   float scale_log2;     // softmax_scale * log2(e)
   // kTmaPages kernels: use_tma = 1 when the host encoded kv_map (launch.cuh, tma_map.cuh), else every
   // tile takes the cp.async path. kv_map: the cache as {576 values, PAGE_SIZE tokens, pages}, box
-  // {64, 64, 1}, 128-byte swizzle (fp8: bytes, no swizzle). CUtensorMap is 64-byte aligned (128 with
-  // CUDA 13's headers), so is DecodeParams; the kernel takes it as a __grid_constant__ parameter, which
-  // TMA reads through its generic address.
+  // {64, 64, 1}, 128-byte swizzle (fp8: bytes, no swizzle; the fp8 fast kernel's: bytes, box {128, 64,
+  // 1}, 128-byte swizzle). CUtensorMap is 64-byte aligned (128 with CUDA 13's headers), so is
+  // DecodeParams; the kernel takes it as a __grid_constant__ parameter, which TMA reads through its
+  // generic address.
   int use_tma;
   CUtensorMap kv_map;
 #if MLA_TRACE

@@ -43,7 +43,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // extent times stride, so the map claims pages up to 2^44 bytes (16 TiB) past the base, capped at
 // 2^31 - 1 pages (block_table holds int32): far more than any cache one GPU can hold. Only in-range
 // coordinates (page ids from block_table) are ever formed.
-// fp8: the same map over bytes, without swizzle (the raw rows of a slot are row-major).
+// fp8: the same map over bytes, without swizzle (the raw rows of a slot are row-major); the fast kernel's
+// (Fp8FastCache): box {128 bytes, 64, 1} with the 128-byte swizzle, one K-major slot of its tile
+// (fp8_fast.cuh), the fifth box's bytes past 576 zero-filled.
 template <class Cache, int PAGE_SIZE>
 bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
   constexpr bool kFp8 = CacheTypes<Cache>::kFp8;
@@ -61,13 +63,15 @@ bool encode_kv_map(const MlaDecodeArgs& a, CUtensorMap* map) {
   if (pages > 0x7fffffffu) pages = 0x7fffffffu;
   const cuuint64_t dims[3] = {cuuint64_t(kHeadDimK), cuuint64_t(PAGE_SIZE), cuuint64_t(pages)};
   const cuuint64_t strides[2] = {cuuint64_t(token_bytes), cuuint64_t(page_bytes)};
-  const cuuint32_t box[3] = {cuuint32_t(kSubTileCols), cuuint32_t(kBlockN), 1};
+  constexpr bool kFast = CacheTypes<Cache>::kFast;
+  const cuuint32_t box[3] = {cuuint32_t(kFast ? 128 : kSubTileCols), cuuint32_t(kBlockN), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapDataType dtype = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                     : std::is_same<Cache, cutlass::bfloat16_t>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(map, dtype, 3, const_cast<void*>(a.kv_cache), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, kFp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            kFp8 && !kFast ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
