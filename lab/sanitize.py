@@ -12,10 +12,12 @@ Needs a build with the variants below (the default `mla-variants build`; a call 
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
 the 64-row path with cp.async and TMA pages, staged and paired epilogues, split and not, both second
 kernels (the 64-row kernel of 17..32 heads on short splits, the fp8 short-split kernel), the balanced
-schedule, the fp8 fast kernel (uniform and scheduled), q_len 2 and 4 (a transposed variant's larger row
-blocks), and every combine kernel (2-8, 9-16, 17-31 and 32+ splits). Calls are tiny (racecheck
-instruments every shared-memory access) and their results are checked against the fp32 reference.
-Exit status 0 only if every tool reports 0 errors and 0 hazards.
+schedule, the fp8 fast kernel (uniform, scheduled, and scheduled on 2 CTAs so its ring wraps), q_len
+2 and 4 (a transposed variant's larger row blocks), and every combine kernel (2-8, 9-16, 17-31 and 32+
+splits). Calls are tiny (racecheck instruments every shared-memory access) and their results are
+checked against the fp32 reference. Exit status 0 only if every tool reports 0 errors and 0 hazards
+(racecheck also reports the patterns docs/performance.md lists under "racecheck", which it does not
+model).
 """
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (name, num_heads, page_size, dtype, seq_lens, q_len, num_kv_splits, extra): extra "short" passes
 # max_seq_len=1 (every split short: the variant's second kernel), "balanced" runs MLADecodePlan's schedule,
-# "fast" fp8_mode="fast" (the fp8 fast kernel; "balanced-fast": its scheduled instantiation).
+# "fast" fp8_mode="fast" (the fp8 fast kernel; "balanced-fast": its scheduled instantiation; "-wrap": the
+# schedule cut for 2 CTAs per row block instead of the GPU's, so each CTA walks segments of ~18 tiles
+# and its 4-stage ring wraps across them, which the full-GPU schedule of a small call never does).
 CALLS = [
     ("st8-bf16-split", 8, 1, "bf16", [150, 1, 0], 1, 3, ""),
     ("st8-fp8-split", 8, 16, "fp8", [150, 70], 1, 2, ""),
@@ -56,6 +60,7 @@ CALLS = [
     ("r64-fp8-p1-nosplit", 128, 1, "fp8", [190, 64], 2, 1, ""),
     ("r64-fp8fast-p64-split", 128, 64, "fp8", [700, 3000], 1, 4, "fast"),
     ("r64-fp8fast-p16-balanced", 64, 16, "fp8", [700, 30, 0, 1100, 5000], 2, None, "balanced-fast"),
+    ("r64-fp8fast-p64-balanced-wrap", 128, 64, "fp8", [900, 40, 1300], 1, None, "balanced-fast-wrap"),
 ]
 
 
@@ -80,6 +85,8 @@ def run_calls(only: int | None, repeat: int = 1, tma: str = "auto") -> int:
             if extra.startswith("balanced"):
                 plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True,
                                      kv_dtype=case.kv_cache.dtype, **mode_kw)
+                if extra.endswith("-wrap"):
+                    plan.sched_ctas = 2  # fewer CTAs than the plan sized its workspace for: still fits
                 plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
 
                 def launch():
