@@ -443,8 +443,19 @@ def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen:
     return decode_call(inputs, splits)[0]
 
 
-def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
-    """Compare with the fp32 reference: every request when the case is small, else a spread subset."""
+def max_errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> dict:
+    """The largest |out - reference| over all elements and |lse - reference| over the rows whose reference
+    lse is finite (the anchors' peers_err is the same out measure per peer); NaN where out is not finite."""
+    diff = (out.float() - ref_out.float()).abs()
+    finite = torch.isfinite(ref_lse)
+    lse_diff = (lse.float()[finite] - ref_lse.float()[finite]).abs()
+    return {"max_abs_err": float(diff.max()) if diff.numel() else 0.0,
+            "lse_max_abs_err": float(lse_diff.max()) if lse_diff.numel() else 0.0}
+
+
+def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> tuple[list[str], dict]:
+    """Compare with the fp32 reference: every request when the case is small, else a spread subset.
+    Returns (compare()'s problems, max_errors() of the compared requests)."""
     lens = inputs["seq_lens"]
     batch = lens.shape[0]
     if int(lens.sum()) <= CHECK_FULL_TOKENS or batch <= CHECK_SUBSET:
@@ -454,7 +465,8 @@ def check_case(inputs: dict, out: torch.Tensor, lse: torch.Tensor) -> list[str]:
     fp8 = inputs["kv_cache"].dtype == torch.float8_e4m3fn
     ref_out, ref_lse = mla_decode_reference(inputs["q"][idx], inputs["kv_cache"], inputs["block_table"][idx],
                                             lens[idx], SOFTMAX_SCALE, k_scale=K_SCALE if fp8 else None)
-    return compare(out[idx], lse[idx], ref_out, ref_lse, **case_tolerance(inputs))
+    return (compare(out[idx], lse[idx], ref_out, ref_lse, **case_tolerance(inputs)),
+            max_errors(out[idx], lse[idx], ref_out, ref_lse))
 
 
 def case_splits(case: dict, args, q_len: int, sm_count: int) -> int:
@@ -481,8 +493,9 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
             row["schedule_us"] = time_cold(schedule, flush, args.reps, args.warmup)
     if args.check:
         call()
-        problems = check_case(inputs, out, lse)
+        problems, errors = check_case(inputs, out, lse)
         row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
+        row.update(errors)
     row["cold_us"] = time_cold(call, flush, args.reps, args.warmup)
     if args.code_warm:
         row["codewarm_us"] = time_cold(call, flush, args.reps, args.warmup,
@@ -545,6 +558,7 @@ def run_varlen_case(case: dict, pattern: list[int], args, pool: "KVPool", flush:
                                               inputs["seq_lens"].cpu(), SOFTMAX_SCALE, query_start_loc=loc.cpu(), **kw)
             problems = compare(out[None].cpu(), lse[None].cpu(), ref[0][None], ref[1][None], **case_tolerance(inputs))
             row["check"] = "pass" if not problems else "FAIL: " + "; ".join(problems)
+            row.update(max_errors(out.cpu(), lse.cpu(), ref[0], ref[1]))
         else:
             row["check"] = "pass"
             row["check_note"] = f"not checked: more than {CHECK_FULL_TOKENS} keys"
@@ -588,6 +602,9 @@ def derived(case: dict, row: dict, elem: int, q_len: int, ceilings: dict, q_elem
         row["peer_ratio"] = case["best_us"] / row["cold_us"]
     if case.get("best_graph_us") and row.get("graph_us"):
         row["peer_graph_ratio"] = case["best_graph_us"] / row["graph_us"]
+    peer_err = (case.get("peers_err") or {}).get(case.get("best_peer"))
+    if peer_err is not None and row.get("max_abs_err") is not None:
+        row["best_peer_err"] = peer_err  # the fastest peer's max abs out error on the same inputs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -622,6 +639,9 @@ def print_row(case: dict, row: dict) -> None:
         line += f"  q1 {row['q1_cold_us']:.1f} us, ratio {row['q1_ratio']:.2f}"
     if row.get("varlen_ratio") is not None:
         line += f"  model {row['model_us']:.1f} us, varlen ratio {row['varlen_ratio']:.2f}"
+    if row.get("max_abs_err") is not None:
+        line += f"  err {row['max_abs_err']:.1e}" + (f" (peer {row['best_peer_err']:.1e})"
+                                                      if row.get("best_peer_err") is not None else "")
     if row.get("check", "pass") != "pass":
         line += "  " + row["check"]
     print(line, flush=True)
@@ -645,6 +665,12 @@ def summarize(results: list[dict]) -> dict:
         "at_or_below_peer_graph": sum(1 for x in graph if x >= 1.0),
         "compared_cold": len(cold),
         "compared_graph": len(graph),
+        # --check against anchors that carry peers_err: cases whose max abs out error is at or below
+        # the fastest peer's on the same inputs.
+        "err_at_or_below_peer": sum(1 for r in done if r.get("best_peer_err") is not None
+                                    and r["max_abs_err"] <= r["best_peer_err"]),
+        "compared_err": sum(1 for r in done if r.get("best_peer_err") is not None),
+        "max_abs_err": max((r["max_abs_err"] for r in done if r.get("max_abs_err") is not None), default=None),
         "geomean_q1_ratio": geomean([r["q1_ratio"] for r in done if r.get("q1_ratio")]),
         "max_q1_ratio": max((r["q1_ratio"] for r in done if r.get("q1_ratio")), default=None),
         "geomean_varlen_ratio": geomean([r["varlen_ratio"] for r in done if r.get("varlen_ratio")]),
@@ -856,7 +882,8 @@ def parse_args(argv=None, description: str | None = None, extra=None):
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for smoke tests")
     p.add_argument("--check", action="store_true",
                    help=f"verify each case against the fp32 reference (all requests when sum(seq_lens) <= "
-                        f"{CHECK_FULL_TOKENS}, else {CHECK_SUBSET} requests spread over the batch)")
+                        f"{CHECK_FULL_TOKENS}, else {CHECK_SUBSET} requests spread over the batch) and record the "
+                        f"max abs out and lse errors (against the fastest peer's error where the anchors have it)")
     p.add_argument("--json", help="result file (default: <repo>/bench-results/bench-<timestamp>.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--tree-hash", action="store_true",
@@ -1059,6 +1086,9 @@ def main(argv=None) -> int:
     if summary["compared_graph"]:
         print(f"graph: geomean peer/ours {summary['geomean_peer_over_ours_graph']:.3f}; at or below the best peer in "
               f"{summary['at_or_below_peer_graph']} of {summary['compared_graph']} cases")
+    if summary["compared_err"]:
+        print(f"error: max abs out error at or below the fastest peer's in {summary['err_at_or_below_peer']} of "
+              f"{summary['compared_err']} cases (ours at most {summary['max_abs_err']:.1e})")
     if summary["geomean_q1_ratio"] is not None:
         print(f"q_len {q_len} / q_len 1 cold time: geomean {summary['geomean_q1_ratio']:.3f}, max {summary['max_q1_ratio']:.3f}")
     if summary["geomean_varlen_ratio"] is not None:

@@ -315,3 +315,33 @@ def test_serving_mode_options_fail_clearly(bench, capsys, argv, message):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_max_errors_skip_rows_whose_reference_lse_is_minus_inf(bench):
+    ref_out = torch.zeros(1, 1, 2, 4)
+    out = ref_out.clone()
+    out[0, 0, 1, 3] = 2.5e-4
+    ref_lse = torch.tensor([[[1.0], [-float("inf")]]])
+    lse = torch.tensor([[[1.0 + 3e-5], [-float("inf")]]])
+    errors = bench.max_errors(out, lse, ref_out, ref_lse)
+    assert errors["max_abs_err"] == pytest.approx(2.5e-4)
+    assert errors["lse_max_abs_err"] == pytest.approx(3e-5, rel=1e-2)
+
+
+def test_checked_errors_are_compared_with_the_fastest_peers(bench):
+    """--check records our max abs out error; against anchors with peers_err the row carries the fastest
+    peer's error on the same inputs and the summary counts the cases at or below it."""
+    ceilings = {"read_tbps": 4.0, "bf16_matmul_tflops": 750.0}
+    case = {"num_heads": 128, "seq_lens": [4096], "best_us": 20.0, "best_peer": "fork",
+            "peers_err": {"fork": 3e-4, "other": 1e-5}}
+    rows = [{"cold_us": 25.0, "max_abs_err": 2e-4}, {"cold_us": 25.0, "max_abs_err": 4e-4},
+            {"cold_us": 25.0}]  # the last one ran without --check
+    for row in rows:
+        bench.derived(case, row, 1, 1, ceilings, 2)
+    assert [r.get("best_peer_err") for r in rows] == [3e-4, 3e-4, None]
+    s = bench.summarize(rows)
+    assert (s["err_at_or_below_peer"], s["compared_err"], s["max_abs_err"]) == (1, 2, 4e-4)
+    no_errors = dict(case, peers_err=None)
+    row = {"cold_us": 25.0, "max_abs_err": 2e-4}
+    bench.derived(no_errors, row, 1, 1, ceilings, 2)
+    assert "best_peer_err" not in row
