@@ -5,7 +5,8 @@ machine, so drift between passes shows in both sides alike):
 
 A case's A and B times are the medians of its cold (and CUDA-graph) times over the passes; cases
 missing from any file (not built, skipped, failed) are left out. Prints one line per case, B/A cold
-and graph, the best peer's time and peer/B, then the geomeans. Exit status 0; 2 on bad arguments."""
+and graph, the best peer's time and peer/B (and, for runs with --check, both sides' max abs out error
+and the fastest peer's), then the geomeans. Exit status 0; 2 on bad arguments."""
 from __future__ import annotations
 
 import json
@@ -52,8 +53,15 @@ def compare(files: list) -> list:
             peer_b.append(peer / bc)
             peer_a.append(peer / ac)
         name = f"h{k[0]} b{k[1]} s{k[2]} p{k[3]}{' ragged' if k[4] else ''} q{k[5]}"
-        out.append(f"{name:<28} {ac:>8.1f} {bc:>8.1f} {bc / ac:>6.3f} {ag:>8.1f} {bg:>8.1f} {bg / ag:>6.3f} "
-                   f"{peer or math.nan:>8.1f} {peer / bc if peer else math.nan:>6.3f}")
+        line = (f"{name:<28} {ac:>8.1f} {bc:>8.1f} {bc / ac:>6.3f} {ag:>8.1f} {bg:>8.1f} {bg / ag:>6.3f} "
+                f"{peer or math.nan:>8.1f} {peer / bc if peer else math.nan:>6.3f}")
+        # bench.py --check's max abs out error, the largest over the passes, and the fastest peer's.
+        err_a = [r[k]["max_abs_err"] for r in runs_a if r[k].get("max_abs_err") is not None]
+        err_b = [r[k]["max_abs_err"] for r in runs_b if r[k].get("max_abs_err") is not None]
+        if err_a and err_b:
+            peer_err = runs_b[0][k].get("best_peer_err")
+            line += f"  err {max(err_a):.1e} -> {max(err_b):.1e}" + (f" (peer {peer_err:.1e})" if peer_err else "")
+        out.append(line)
     out.append(f"geomean B/A: cold {gm(cold):.3f}, graph {gm(graph):.3f} (below 1: B is faster); "
                f"worst cold {max(cold, default=math.nan):.3f}; peer/ours: A {gm(peer_a):.3f}, "
                f"B {gm(peer_b):.3f}, B at or below the peer in {sum(x >= 1 for x in peer_b)} of {len(peer_b)}")

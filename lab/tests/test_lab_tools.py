@@ -186,3 +186,19 @@ def test_ab_compare_takes_medians_over_passes(lab_module, tmp_path):
     assert lines[-1].startswith(f"geomean B/A: cold {52.5 / 110.0:.3f}, graph {42.5 / 85.0:.3f}")
     with lab_module("ab_compare") as ab:
         assert ab.main([a[0]]) == 2
+
+
+def test_ab_compare_shows_checked_errors(lab_module, tmp_path):
+    """With --check records on both sides, a case's line ends with both sides' largest max abs error and
+    the fastest peer's; without them it has no error column."""
+    paths = []
+    for name, err in (("a.json", 2e-4), ("b.json", 1.5e-4)):
+        row = {"num_heads": 128, "batch": 1, "seq_mean": 4096, "page_size": 64, "ragged": False, "q_len": 1,
+               "cold_us": 20.0, "graph_us": 15.0, "best_us": 19.7, "max_abs_err": err, "best_peer_err": 3.7e-4}
+        (tmp_path / name).write_text(json.dumps({"cases": [row]}))
+        paths.append(str(tmp_path / name))
+    with lab_module("ab_compare") as ab:
+        assert ab.compare(paths)[2].endswith("err 2.0e-04 -> 1.5e-04 (peer 3.7e-04)")
+        plain = [_bench_file(tmp_path, "c.json", [(16, 100.0, 80.0)]),
+                 _bench_file(tmp_path, "d.json", [(16, 90.0, 70.0)])]
+        assert "err" not in ab.compare(plain)[2]
