@@ -33,6 +33,7 @@
 #include "config.cuh"
 #include "epilogue.cuh"  // copy_staged_rows
 #include "params.cuh"
+#include "producer.cuh"  // tma_full_tiles
 #include "row_softmax.cuh"
 #include "scheduled.cuh"  // for_each_segment
 #include "workspace.cuh"
@@ -162,11 +163,11 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
 // The producer: every tile of [kv_begin, kv_end) into stage t % 4. One full barrier per stage (128
 // arrivals) and one empty barrier (12: each math warp once, after its last read of the tile).
 // - With a tensor map (kv_map, pages that are multiples of 64 tokens: a tile is 64 tokens of one page),
-//   every full tile goes by TMA: warp 0 waits for the stage, its lane 0 announces the tile's 40 KiB on
-//   kv_full, issues the five slots' boxes (128 bytes x 64 tokens, the map's 128-byte swizzle is
-//   tile_offset's; the fifth box's bytes past 576 are zeros) and arrives for the other 127 producer
-//   threads, while warps 1-3 wait at kBarProducer (as producer.cuh's tma_full_tiles, whose comment has
-//   why no thread then waits more than one phase ahead).
+//   every full tile goes by TMA (producer.cuh's tma_full_tiles, whose comment has why no thread then
+//   waits more than one phase ahead): warp 0 waits for the stage, its lane 0 announces the tile's 40 KiB
+//   on kv_full, issues the five slots' boxes (128 bytes x 64 tokens, the map's 128-byte swizzle is
+//   tile_offset's; the fifth box's bytes past 576 are zeros; in tma_full_tiles' terms one slot of five
+//   boxes per stage) and arrives for the other 127 producer threads, while warps 1-3 wait at kBarProducer.
 // - Every other tile (all of them without a map; else the partial last one) by 16-byte cp.async, eight
 //   threads per 128-byte slot row (rows ptid / 8 + 16 j), zero-filled past kv_end, so whatever lies past
 //   seq_len (possibly NaN) never reaches shared memory.
@@ -191,25 +192,11 @@ __device__ __forceinline__ void produce(Storage& s, const MlaDecodeArgs& a, int 
   if constexpr (PAGE_SIZE % kBlockN == 0) {
     if (kv_map != nullptr) {
       const int full_tiles = (kv_end - kv_begin) / kBlockN;
-      if (ptid < 32) {
-        int32_t pg = full_tiles > 0 ? table[kv_begin / PAGE_SIZE] : 0;
-        for (int t = 0; t < full_tiles; ++t) {
-          const int tile_start = kv_begin + t * kBlockN;
-          const int32_t next_pg = t + 1 < full_tiles ? table[(tile_start + kBlockN) / PAGE_SIZE] : 0;
-          const int stage = t % kStages;
-          wait_barrier(&s.kv_empty[stage], (((t / kStages) ^ int(ph >> stage)) & 1) ^ 1);
-          if (ptid == 0) {
-            const uint32_t base = smem_u32(s.kv[stage]);
-            arrive_expect_tx(&s.kv_full[stage], uint32_t(kSlots * kBlockN * 128));
-            CUTE_UNROLL
-            for (int c = 0; c < kSlots; ++c) {
-              tma_load_3d(base + uint32_t(c * kBlockN * 128), kv_map, &s.kv_full[stage], c * 128, tile_start % PAGE_SIZE, pg);
-            }
-            arrive_barrier_count(&s.kv_full[stage], kProducerThreads - 1);
-          }
-          __syncwarp();
-          pg = next_pg;
-        }
+      if (ptid < 32) {  // one barrier pair per stage: one TMA slot of kSlots 128-byte boxes
+        tma_full_tiles<PAGE_SIZE, kStages, uint32_t(kSlots * kBlockN * 128), uint32_t(kBlockN * 128), kProducerThreads,
+                       /*kUnrollSlots=*/true, /*kSlots=*/1, /*kBoxes=*/kSlots, /*kBoxCols=*/128>(
+            s, table, kv_begin, 0, full_tiles, ptid, kv_map, int(ph), [&](int stage) { return smem_u32(s.kv[stage]); },
+            [&](int slot) { return &s.kv_full[slot]; });
       }
       asm volatile("bar.sync %0, %1;\n" ::"n"(kBarProducer), "n"(kProducerThreads) : "memory");
       first_copied = full_tiles;

@@ -75,15 +75,18 @@ __device__ __forceinline__ void load_q_block(Element* sq, const MlaDecodeArgs& a
 // {64 columns, 64 tokens, 1 page} per sub-tile addresses. fp8 caches take the same tiling for their
 // raw bytes (copy_fp8_tiles), in the 64-token kernel only (not the short-split one).
 
-// The TMA loop of produce (bf16/fp16) and copy_fp8_tiles (fp8 raw bytes): tiles [t0, t1), all full,
-// of kv_begin's request, stage t % kRing, called by one converged warp whose lane 0 issues. Per slot
+// The TMA loop of produce (bf16/fp16), copy_fp8_tiles (fp8 raw bytes) and the fp8 fast kernel's
+// produce: tiles [t0, t1), all full, of kv_begin's request, stage t % kRing, called by one converged
+// warp whose lane 0 issues. A stage has kSlots slots, each with its empty barrier s.kv_empty[stage *
+// kSlots + c] and full barrier full(slot), and kBoxes boxes of kBoxCols columns per slot (the 64-row
+// kernels: nine slots of one 64-column box; the fast kernel: one slot of five 128-byte boxes). Per slot
 // the warp waits for the slot's release (phases: the parity of each stage's first use, as in produce),
-// then lane 0 announces kBytes on the slot's full barrier `full(slot)`, issues the box into
-// dst(stage) + c * kSlotStride (coordinates: column block c, the tile's token offset in its page, the
-// page) and arrives for the other kArrivals - 1 threads the barrier counts. The page is looked up one
-// tile ahead. kUnrollSlots: the nine slots unrolled (bf16's) or a rolled loop (fp8's few registers).
+// then lane 0 announces kBytes on the slot's full barrier, issues the slot's boxes into dst(stage) +
+// box * kSlotStride (coordinates: the box's first column, the tile's token offset in its page, the page)
+// and arrives for the other kArrivals - 1 threads the barrier counts. The page is looked up one tile
+// ahead. kUnrollSlots: the slots unrolled (bf16's) or a rolled loop (fp8's few registers).
 template <int PAGE_SIZE, int kRing, uint32_t kBytes, uint32_t kSlotStride, int kArrivals, bool kUnrollSlots,
-          class Storage, class Dst, class Full>
+          int kSlots = kSubTiles, int kBoxes = 1, int kBoxCols = kSubTileCols, class Storage, class Dst, class Full>
 __device__ __forceinline__ void tma_full_tiles(Storage& s, const int32_t* table, int kv_begin, int t0, int t1,
                                                int lane, const void* kv_map, int phases, Dst&& dst, Full&& full) {
   int32_t pg = t0 < t1 ? table[(kv_begin + t0 * kBlockN) / PAGE_SIZE] : 0;
@@ -94,22 +97,26 @@ __device__ __forceinline__ void tma_full_tiles(Storage& s, const int32_t* table,
     const int empty_parity = (((t / kRing) ^ (phases >> stage)) & 1) ^ 1;  // the first use does not wait
     const uint32_t stage_base = dst(stage);
     auto slot_step = [&](int c) {
-      const int slot = stage * kSubTiles + c;
+      const int slot = stage * kSlots + c;
       wait_barrier(&s.kv_empty[slot], empty_parity);
       if (lane == 0) {
         arrive_expect_tx(full(slot), kBytes);
-        tma_load_3d(stage_base + uint32_t(c) * kSlotStride, kv_map, full(slot), c * kSubTileCols,
-                    tile_start % PAGE_SIZE, pg);
+        CUTE_UNROLL
+        for (int j = 0; j < kBoxes; ++j) {
+          const int box = c * kBoxes + j;
+          tma_load_3d(stage_base + uint32_t(box) * kSlotStride, kv_map, full(slot), box * kBoxCols,
+                      tile_start % PAGE_SIZE, pg);
+        }
         arrive_barrier_count(full(slot), kArrivals - 1);
       }
       __syncwarp();
     };
     if constexpr (kUnrollSlots) {
       CUTE_UNROLL
-      for (int c = 0; c < kSubTiles; ++c) slot_step(c);
+      for (int c = 0; c < kSlots; ++c) slot_step(c);
     } else {
 #pragma unroll 1
-      for (int c = 0; c < kSubTiles; ++c) slot_step(c);
+      for (int c = 0; c < kSlots; ++c) slot_step(c);
     }
     pg = next_pg;
   }
