@@ -48,8 +48,7 @@ constexpr int kTileBytes = 640;                  // a token's or Q row's slots: 
 constexpr int kSlots = 5;                        // 128-byte column slots of a tile (the fifth: RoPE, 64 bytes)
 constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
 constexpr float kPScaleLog2 = 8.f;               // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal;
-constexpr float kPScale = 256.f;                 // the factor rides in exp2's argument (exp_store_pt)
-static_assert(kPScale == float(1 << int(kPScaleLog2)), "kPScale is 2^kPScaleLog2");
+                                                 // the factor rides in exp2's argument (exp_store_pt)
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
 constexpr int kStages = 4;                       // tile t in stage t % 4
@@ -388,11 +387,11 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
   }
 }
 
-// P kPScale = exp2(S - m_sub8), m_sub8 = m_sub - kPScaleLog2 (the factor in the exponent, no multiply), into P^T of
+// P 2^8 = exp2(S - m_sub8), m_sub8 = m_sub - kPScaleLog2 (the factor in the exponent, no multiply), into P^T of
 // the stage (e4m3, tokens in sigma order per k-step); row sums of the unrounded P into l (lse's) and of the e4m3
-// values that P V reads into l_p8 (out's divisor), both in kPScale units: out is then a weighted mean of V with the
+// values that P V reads into l_p8 (out's divisor), both scaled by 2^8: out is then a weighted mean of V with the
 // weights P V used, so a cache whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's
-// terms sum in f16x2 (each half 8 of a row's e4m3 values, at most kPScale each, so at most 2048: all but the
+// terms sum in f16x2 (each half 8 of a row's e4m3 values, at most 2^8 each, so at most 2048: all but the
 // smallest terms add exactly), then once into fp32. S element i holds tokens tok, tok + 1 with tok = 8 (i >> 2) + 2
 // q (q = lane % 4), which sigma_inv puts at the adjacent columns k, k + 1 with k >> 4 = i >> 3 and k & 15 = 4 q + 2
 // ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this thread's byte offset row0 * 64
@@ -517,8 +516,8 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
   c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
   if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
-  // Per row (lane % 4 == 0 holds it after the quad sums): lse (l_run in kPScale units), and O's factor
-  // k_scale / l_p8 (l_p8 in kPScale units) for the P V warpgroups.
+  // Per row (lane % 4 == 0 holds it after the quad sums): lse (l_run scaled by 2^8), and O's factor
+  // k_scale / l_p8 (l_p8 scaled by 2^8) for the P V warpgroups.
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffff, l_run[r], 1);
