@@ -445,7 +445,7 @@ def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen:
 
 def max_errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> dict:
     """The largest |out - reference| over all elements and |lse - reference| over the rows whose reference
-    lse is finite (the anchors' peers_err is the same out measure per peer); NaN where out is not finite."""
+    lse is finite (the anchors' peers_err is the same out measure per peer); NaN or inf where out is not finite."""
     diff = (out.float() - ref_out.float()).abs()
     finite = torch.isfinite(ref_lse)
     lse_diff = (lse.float()[finite] - ref_lse.float()[finite]).abs()
