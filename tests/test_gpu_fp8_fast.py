@@ -86,6 +86,26 @@ def test_fast_out_keeps_the_cache_mean(kv_mean):
         assert worst <= 1e-3, f"kv_mean={kv_mean} splits={n}: a row's mean is off by {worst:.2e} (relative)"
 
 
+def test_fast_tiny_q_rows_stay_finite():
+    """Q rows of tiny magnitude: the kernel scales each row by 2^floor(log2(448 / amax)) before rounding it
+    to e4m3. For amax below 448 x 2^-126 (about 5e-36) that ratio overflowed to inf and the row's out
+    and lse were NaN; the scale now stops at 2^126. Rows scaled by 1e-37 (normal bf16), 1e-39 (subnormal)
+    and 0 must match the reference (scores near 0: out about the mean of V, lse about log(seq_len))."""
+    heads, page, _, _ = _any_fast_key()
+    g = torch.Generator().manual_seed(43)
+    case = make_paged_case([3000, 700], heads, page, 2, FP8, generator=g, k_scale=0.5)
+    case.q[:, :, 0].mul_(1e-37)
+    case.q[:, :, 1].mul_(1e-39)
+    case.q[:, :, 2].zero_()
+    assert case.q[:, :, 1].abs().max().item() < 1.2e-38  # bf16 subnormals, as intended
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                            case.softmax_scale, k_scale=0.5)
+    for n in (1, 4):
+        out, lse = run_nan_prefilled(case, n, k_scale=0.5, fp8_mode="fast")
+        problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+        assert not problems, f"splits={n}: {problems}"
+
+
 def test_fast_mode_runs_the_exact_short_split_kernel_on_splits_of_at_most_128_keys():
     """A fast split variant's second kernel is the exact fp8 short-split one (config.cuh VariantTraits;
     faster on such splits, docs/design.md 3.3): with every split at most 128 keys both modes launch

@@ -17,8 +17,10 @@ namespace mla {
 constexpr int kBarMaxA = 1;    // warpgroup 0 published the row max after its tile (row_max[0])
 constexpr int kBarPA = 2;      // warpgroup 0's P is in its tile's RoPE slot
 constexpr int kBarMaxPB = 3;   // warpgroup 1 published the row max after its tile (row_max[1]) and its P
-constexpr int kBarOwnP = 4;    // + wg (4, 5): the warpgroup's own four warps finished writing P (128 threads)
-constexpr int kBarEnd = 6;     // both warpgroups' row sums are in row_sum (the 64-row epilogue)
+constexpr int kBarOwnP = 4;    // + wg (4, 5): the warpgroup's own four warps finished writing P (128 threads);
+                               // in the fp8 fast kernel, P V warpgroup wg's staged O is complete
+constexpr int kBarEnd = 6;     // both warpgroups' row sums are in row_sum (the 64-row epilogue); in the fp8
+                               // fast kernel, all 384 math threads: row_factor written, Q and P^T read
 // 64-row path, the fp8 producer (producer_fp8.cuh):
 constexpr int kBarFp8Copy = 7;  // the 64 copy threads (TMA tiles: warp 1 waits for warp 0's issue loop)
 constexpr int kBarWiden = 8;    // the 64 widening threads: every raw byte of a slot read before fp16 lands on it
@@ -28,6 +30,8 @@ constexpr int kBarStMerge = 12;  // all math warpgroups: statistics and O exchan
 // every path:
 constexpr int kBarProducer = 13;  // the 128 producer threads (TMA tiles: warps 1-3 wait for warp 0's issue loop)
 constexpr int kBarStQ = 14;       // all math warpgroups of the transposed fp8 path: Q rounded to fp16
+// fp8 fast kernel (fp8_fast.cuh):
+constexpr int kBarQ = 15;  // its 384 math threads: Q rounded to e4m3 and stored
 
 // ---------------------------------------------------------------------------------------------
 // Copies, barriers, fences and conversions.
@@ -126,9 +130,9 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 __device__ __forceinline__ void arrive_barrier_count(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
-// The map's box (tma_map.cuh: 64 tokens of 64 16-bit values, 64 bytes or 128 bytes) at coordinates
-// (c0, c1, c2) into shared memory at smem_dst (1024-byte aligned, so a 128-byte swizzle is the one
-// wgmma reads).
+// The map's box (tma_map.cuh: 64 tokens x 64 16-bit values, 64 tokens x 64 bytes for the fp8 producer,
+// or 64 tokens x 128 bytes for the fp8 fast kernel) at coordinates (c0, c1, c2) into shared memory at
+// smem_dst (1024-byte aligned, so a 128-byte swizzle is the one wgmma reads).
 __device__ __forceinline__ void tma_load_3d(uint32_t smem_dst, const void* tensor_map, uint64_t* bar, int c0,
                                             int c1, int c2) {
   asm volatile(

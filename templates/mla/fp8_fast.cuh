@@ -50,7 +50,6 @@ constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
 constexpr float kPScaleLog2 = 8.f;               // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal;
                                                  // the factor rides in exp2's argument (exp_store_pt)
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
-constexpr int kBarQ = 15;                        // the math warps: Q rounded and stored
 constexpr int kStages = 4;                       // tile t in stage t % 4
 constexpr int kPvWgs = 2;                        // P V warpgroups, 256 of V's dims each
 constexpr int kMathThreads = 128 * (1 + kPvWgs);  // the softmax warpgroup (math thread 0-127) and the P V ones
@@ -78,6 +77,7 @@ struct Storage {
 
 // A P V warpgroup's staged O: 64 rows of its 256 dims.
 constexpr int kStagedBytes = kBlockM * (kHeadDimV / kPvWgs) * int(sizeof(Piece));
+static_assert(kPvWgs == kNumWarpgroups, "copy_staged_rows (epilogue.cuh) sizes a staged row for kNumWarpgroups");
 static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kPvWgs * kStagedBytes,
               "q, pt and tail hold both P V warpgroups' staged O");
 constexpr int kThreads = Storage::kThreads;
@@ -138,8 +138,10 @@ __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
-  // scale = 2^floor(log2(448 / amax)); 1 for an all-zero row.
-  const float scale = amax > 0.f ? exp2f(floorf(log2f(kQMax / amax))) : 1.f;
+  // scale = 2^floor(log2(448 / amax)), at most 2^126 (amax below 448 x 2^-126, about 5e-36, would
+  // overflow the ratio to inf and turn the row into NaN; 1 / scale stays a normal float); 1 for an
+  // all-zero row.
+  const float scale = amax > 0.f ? exp2f(floorf(log2f(kQMax / fmaxf(amax, kQMax * 0x1p-126f)))) : 1.f;
   if (part == 0) s.q_inv_scale[row] = 1.f / scale;
   char* q = reinterpret_cast<char*>(s.q);
   CUTE_UNROLL
@@ -475,7 +477,7 @@ __device__ __forceinline__ void pv_role(Storage& s, int pw, int warp, int lane, 
   const VtAddr vt(s, pw, warp, lane);
   for (int t = 0; t < num_tiles; ++t) {
     const int st = t % kStages, parity = ((t / kStages) ^ int(ph >> st)) & 1;
-    wait_barrier(&s.kv_full[st], parity);  // V landed (complete already: the softmax warpgroup waited first)
+    wait_barrier(&s.kv_full[st], parity);  // V landed (this wait also makes the copies visible here)
     wait_barrier(&s.p_full[st], parity);
     rescale_cols(o, s.row_alpha[st], lane);
     pv_promoted(s, st, vt, o);

@@ -1,5 +1,5 @@
-// Host side of the TMA path: the tensor map of a paged KV cache that the 64-row kernels load full
-// tiles with (config.cuh kTmaPages; producer.cuh tma_full_tiles).
+// Host side of the TMA path: the tensor maps of a paged KV cache that the 64-row kernels load full
+// tiles with (config.cuh kTmaPages; producer.cuh tma_full_tiles, and fp8_fast.cuh produce).
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
