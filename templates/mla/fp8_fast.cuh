@@ -312,15 +312,19 @@ __device__ __forceinline__ void fence_acc(float (&x)[N]) {
 }
 
 // One m-block of V^T P^T [64 of this warpgroup's dims x 64 rows] into t, which it clears: two k-steps of
-// register-sourced fp8 wgmma (m64 n64 k32), B = P^T of the stage. One commit group.
+// register-sourced fp8 wgmma (m64 n64 k32), B = P^T of the stage. One commit group. Both k-steps' A
+// registers are written before wgmma.fence, which PTX asks for between a register write and the wgmma
+// that reads it.
 __device__ __forceinline__ void issue_pv_block(const Storage& s, int stage, const VtAddr& vt, int mb, float (&t)[32]) {
   Tensor spt = make_tensor(make_smem_ptr(s.pt[stage]), LayoutPt{});
+  uint32_t av[2][4];
+  CUTE_UNROLL
+  for (int ks = 0; ks < 2; ++ks) a_vt(vt.at(stage, mb, ks), av[ks]);
   fence_acc(t);
   warpgroup_arrive();
   CUTE_UNROLL
   for (int ks = 0; ks < 2; ++ks) {
-    uint32_t a[4];
-    a_vt(vt.at(stage, mb, ks), a);
+    const uint32_t (&a)[4] = av[ks];
     const uint64_t db = uint64_t(GMMA::make_gmma_desc<GMMA::Major::K>(local_tile(spt, Shape<_64, _32>{}, make_coord(0, ks))));
     SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(
         a[0], a[1], a[2], a[3], db, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12],
