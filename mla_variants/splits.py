@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import torch
 
+from codegen.variant import FP8_FAST
+
 from . import _binding
 from .dispatch import PathFacts, VariantNotCompiledError
 from .validation import DTYPE_TOKEN, DTYPE_TOKENS, MAX_Q_LEN, fail, shown
 
 HEURISTIC_MAX_SPLITS = 64  # never more: beyond it the combine costs more than the finer split saves
+# fp8 fast variants: pieces short enough for the exact short-split kernel give way to pieces of
+# FAST_PIECE_KEYS keys on the fast kernel when those still make FAST_PIECE_MIN_CTAS CTAs (fast_pieces).
+FAST_PIECE_KEYS = 256
+FAST_PIECE_MIN_CTAS = 32
 
 
 def _for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sms: int, tile_keys: int) -> int:
@@ -46,17 +52,40 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     return n
 
 
+def fast_pieces(facts: PathFacts, n: int, batch: int, num_heads: int, q_len: int, max_seq_len: int, *,
+                variant_heads: int) -> int:
+    """The split count of an fp8_e4m3_fast launch, given the heuristic's count n for it.
+
+    When n's pieces are short enough that the launch runs the variant's second kernel (the exact
+    short-split one, facts.runs_second), the launch takes instead ceil(max_seq_len / FAST_PIECE_KEYS)
+    pieces on the fast kernel if that is at least 2 pieces making at least FAST_PIECE_MIN_CTAS CTAs
+    (batch x row blocks per request x pieces). Otherwise n. docs/design.md section 6 has the
+    measurements (1 x 4096 at 128 heads: 64 pieces of 64 keys 23.2 us, 16 of 256 keys 21.2 us).
+    """
+    if not facts.runs_second(max_seq_len, n):
+        return n
+    tiles = -(-max_seq_len // facts.tile_keys)
+    pieces = -(-tiles // (FAST_PIECE_KEYS // facts.tile_keys))
+    row_blocks = -(-(max(num_heads, variant_heads) * q_len) // facts.rows_for(variant_heads * q_len))
+    if pieces > 1 and batch * row_blocks * pieces >= FAST_PIECE_MIN_CTAS and not facts.runs_second(max_seq_len, pieces):
+        return pieces
+    return n
+
+
 def choose(lib, num_heads: int, page_size: int, dtype_token: str, batch: int, q_len: int, max_seq_len: int,
            num_sms: int):
-    """(launches, num_kv_splits) of an unforced call: the heuristic on the split variant's path facts; one
+    """(launches, num_kv_splits) of an unforced call: the heuristic on the split variant's path facts
+    (num_kv_splits_for, then fast_pieces for an fp8_e4m3_fast variant); one
     split on the unsplit variants when it gives 1 or the build has no split variant (VariantNotCompiledError
     when nothing serves the call). Used by mla_decode, MLADecodePlan and default_num_kv_splits alike."""
     try:
         split_launches = lib.plan(num_heads, page_size, dtype_token, True)
     except VariantNotCompiledError:
         return lib.plan(num_heads, page_size, dtype_token, False), 1
-    n = num_kv_splits_for(split_launches[0].facts, batch, num_heads, q_len, max_seq_len, num_sms,
-                          variant_heads=split_launches[0].key[0])
+    facts, (variant_heads, _, dtype, _) = split_launches[0].facts, split_launches[0].key
+    n = num_kv_splits_for(facts, batch, num_heads, q_len, max_seq_len, num_sms, variant_heads=variant_heads)
+    if dtype == FP8_FAST:
+        n = fast_pieces(facts, n, batch, num_heads, q_len, max_seq_len, variant_heads=variant_heads)
     if n > 1:
         return split_launches, n
     return lib.plan(num_heads, page_size, dtype_token, False), 1
@@ -71,7 +100,8 @@ def default_num_kv_splits(batch: int, num_heads: int, q_len: int, max_seq_len: i
     call may see; block_table's width times page_size when the caller gives nothing better); num_sms the
     GPU's multiprocessor count; page_size (1 to 2**20) and kv_dtype (torch.bfloat16, torch.float16,
     torch.float8_e4m3fn or 'bf16' / 'fp16' / 'fp8_e4m3' / 'fp8_e4m3_fast') pick the variant, whose path facts say how many
-    query rows its CTAs hold (:func:`num_kv_splits_for` has the rule; docs/design.md the measurements).
+    query rows its CTAs hold (:func:`num_kv_splits_for` has the rule, :func:`fast_pieces` the fast
+    variants' amendment; docs/design.md section 6 the measurements).
     Returns 1 when the build has no split variant for the call. All sizes are ints (not bools): batch
     and max_seq_len >= 0, num_sms >= 1, num_heads 1 to 2**20 (MLADecodePlan's bound), q_len 1 to 8. Raises MLAInputError naming a bad argument,
     VariantNotCompiledError when no variant serves (page_size, kv_dtype), LibraryNotBuiltError when

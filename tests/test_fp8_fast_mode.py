@@ -121,6 +121,28 @@ def test_a_fast_call_dispatches_to_the_fast_variants_and_an_exact_one_does_not(m
         assert [l.symbol for l in launches] == [symbol]
 
 
+def test_fast_calls_take_256_key_pieces_where_short_pieces_would_run_the_exact_kernel():
+    from mla_variants import splits
+    table = {(h, 64, d, True): f"mla_decode_h{h}_p64_{d}_split" for h in (64, 128) for d in ("fp8_e4m3", "fp8_e4m3_fast")}
+    lib = _StubLibrary(table)
+    count = lambda heads, dtype, batch, keys, q_len=1: splits.choose(lib, heads, 64, dtype, batch, q_len, keys, 132)[1]  # noqa: E731
+    # (heads, batch, keys): the heuristic's count (exact variants keep it) and the fast variants' count
+    for heads, batch, keys, exact, fast in ((128, 1, 4096, 64, 16),   # 64 keys -> 256 keys, 32 CTAs
+                                            (128, 8, 1024, 8, 4),     # 128 keys -> 256 keys, 64 CTAs
+                                            (64, 8, 1024, 8, 4),      # 32 CTAs
+                                            (64, 1, 4096, 64, 64),    # 16 CTAs of 256 keys: too few
+                                            (128, 1, 1024, 16, 16),   # 8 CTAs
+                                            (128, 1, 16384, 64, 64),  # 256-key pieces already
+                                            (128, 8, 4096, 8, 8)):    # 512-key pieces
+        assert count(heads, "fp8_e4m3", batch, keys) == exact, (heads, batch, keys)
+        assert count(heads, "fp8_e4m3_fast", batch, keys) == fast, (heads, batch, keys)
+    assert count(128, "fp8_e4m3_fast", 1, 4096, q_len=2) == 16  # 4 row blocks x 16 pieces
+    assert count(128, "fp8_e4m3_fast", 1, 256) == 4  # one 256-key piece only: the heuristic's count stays
+    # the count the rule gives never runs the short-split kernel
+    facts = PathFacts.of(128, 64, "fp8_e4m3_fast", True)
+    assert facts.runs_second(4096, 64) and not facts.runs_second(4096, 16)
+
+
 def test_a_missing_fast_variant_names_the_yaml_change_and_ensure_variant():
     table = {(128, 64, "fp8_e4m3", True): "mla_decode_h128_p64_fp8_e4m3_split"}
     with pytest.raises(VariantNotCompiledError) as e:
