@@ -220,13 +220,13 @@ def main(argv=None) -> int:
         name = f"{heads} x {batch} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
         splits = bench.case_splits(case, args, q_len, sm_count)
         split = splits > 1 or args.balanced
-        launch = the_launch(heads, page, args.dtype, split)  # the launch mla_decode (or the plan) makes
+        launch = the_launch(heads, page, bench.variant_dtype(args, heads), split)  # the launch mla_decode (or the plan) makes
         if launch is None:
             try:
-                symbols = [l.symbol for l in _binding.library().plan(heads, page, args.dtype, split)]
+                symbols = [l.symbol for l in _binding.library().plan(heads, page, bench.variant_dtype(args, heads), split)]
             except LookupError:
                 symbols = []
-            print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {args.dtype} "
+            print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {bench.variant_dtype(args, heads)} "
                   f"variant in this build: {symbols or 'no variant'})")
             continue
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)

@@ -498,13 +498,15 @@ __device__ __forceinline__ void pv_role(Storage& s, int pw, int warp, int lane, 
 // each under its own budget (code both roles shared would get the smaller one).
 
 // The softmax warpgroup's part: softmax_role once the P V warpgroups have rounded Q, then lse and the
-// rows' factors for the P V warpgroups.
-template <int NUM_HEADS>
+// rows' factors for the P V warpgroups. kTrace: stamp the CTA's phase trace (trace.cuh; uniform launches
+// of an MLA_TRACE build): Q rounded and stored, and this warpgroup's loop done.
+template <int NUM_HEADS, bool kTrace>
 __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row,
                                              int tid, uint32_t ph) {
   const MlaDecodeArgs& a = p.a;
   const int warp = tid / 32, lane = tid % 32;
   role_barrier<kMathThreads>(kBarQ);  // Q is in shared memory
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceQLanded);
   const float nan = __int_as_float(0x7fc00000);
   const float k_scale = a.k_scale_ptr != nullptr ? __ldg(a.k_scale_ptr) : a.k_scale;
   Math c;
@@ -522,6 +524,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
   c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
   if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
+  if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
   // Per row (lane % 4 == 0 holds it after the quad sums): lse (l_run scaled by 2^8), and O's factor
   // k_scale / l_p8 (l_p8 scaled by 2^8) for the P V warpgroups.
   CUTE_UNROLL
@@ -549,8 +552,9 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
 }
 
 // A P V warpgroup's part (math threads 128-383): Q (make_q wants 72 registers, which the P V
-// warpgroups have to spare before their O^T is live), then pv_role, then its half of out.
-template <int NUM_HEADS>
+// warpgroups have to spare before their O^T is live), then pv_role, then its half of out. kTrace as in
+// softmax_rows: the second P V warpgroup's loop done, then the first one's row factors read and stores done.
+template <int NUM_HEADS, bool kTrace>
 __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const CtaWork& w, int64_t piece_row, int tid,
                                         uint32_t ph) {
   const MlaDecodeArgs& a = p.a;
@@ -565,7 +569,9 @@ __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const
     for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
   }
   if (w.num_tiles > 0) pv_role(s, pw, warp, lane, w.num_tiles, ph, o);
+  if constexpr (kTrace) trace_at(p, kProducerThreads + 256).stamp(kTraceLoopDoneLast);
   role_barrier<kMathThreads>(kBarEnd);  // row_factor written; every read of Q and P^T done
+  if constexpr (kTrace) trace_at(p, kProducerThreads + 128).stamp(kTraceMerged);
 
   // Normalised O: each P V warpgroup stages its 256 dims x 64 rows of O^T as 64 rows of 512 bytes in the
   // memory of Q and P^T (Storage; every read of both is done: kBarEnd above), the row-major layout
@@ -616,6 +622,11 @@ __device__ __forceinline__ void pv_rows(const DecodeParams& p, Storage& s, const
   } else {
     copy_staged_rows<Piece, false>(stage, tid % 128, dst_of);
   }
+  if constexpr (kTrace) {
+    const TraceSink tr = trace_at(p, kProducerThreads + 128);
+    tr.stamp(kTraceStored);
+    tr.info(w.num_tiles);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -645,13 +656,26 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
     const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * p.a.q_len * p.a.num_heads;
     if constexpr (SOFTMAX) {
-      softmax_rows<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+      softmax_rows<NUM_HEADS, false>(p, s, w, piece_row, tid, ph);
     } else {
-      pv_rows<NUM_HEADS>(p, s, w, piece_row, tid, ph);
+      pv_rows<NUM_HEADS, false>(p, s, w, piece_row, tid, ph);
     }
     ph ^= stage_flips(w.num_tiles);
     role_barrier<kMathThreads>(kBarEnd);
   });
+  if constexpr (MLA_TRACE != 0 && !SOFTMAX) {
+    // The trace (trace.cuh): past the last segment's stores, then the CTA's tiles and its segments with
+    // tiles, counted by walking the schedule again (no counter stays live across pv_rows).
+    const TraceSink tr = trace_at(p, kProducerThreads + 128);
+    tr.stamp(kTraceStored);
+    int tiles = 0, segments = 0;
+    for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
+      tiles += w.num_tiles;
+      segments += w.num_tiles > 0;
+    });
+    tr.info(tiles);
+    tr.put(kTraceSegments, uint64_t(segments));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,6 +696,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
   char* smem_aligned = smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023);
   Storage& s = *reinterpret_cast<Storage*>(smem_aligned);
   const MlaDecodeArgs& a = p.a;
+  // In an MLA_TRACE build (trace.cuh) producer thread 0 and the first thread of the softmax and of each
+  // P V warpgroup stamp the CTA's phases.
+  trace_at(p, kProducerThreads).stamp(kTraceEntry);
   if (threadIdx.x == 0) {
     CUTE_UNROLL
     for (int st = 0; st < kStages; ++st) {
@@ -686,6 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
     cutlass::arch::warpgroup_reg_dealloc<40>();
     const void* kv_map = PAGE_SIZE % kBlockN == 0 && p.use_tma ? &p.kv_map : nullptr;  // launch.cuh: TMA pages
     if (kv_map != nullptr && threadIdx.x == 0) prefetch_tensor_map(kv_map);
+    trace_at(p, 0).stamp(kTraceProducerStart);
     if constexpr (SCHED) {
       produce_scheduled<NUM_HEADS, PAGE_SIZE>(p, s, threadIdx.x, kv_map);
     } else {
@@ -693,6 +721,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       if (w.num_tiles > 0) produce<PAGE_SIZE>(s, a, w.b, w.kv_begin, w.kv_end, w.num_tiles, threadIdx.x, 0u, kv_map);
     }
     cp_async_wait_all();  // do not retire with copies in flight
+    trace_at(p, 0).stamp(kTraceProducerDone);  // its own copies landed (TMA tiles: issued)
     return;
   }
   // 40 + 104 + 2 x 184 = 512 registers per thread slot of a warpgroup: the 64 Ki of the SM.
@@ -703,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       consume_scheduled<NUM_HEADS, PAGE_SIZE, true>(p, s, tid);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      softmax_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
+      softmax_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, split_piece_row(a, w), tid, 0u);
     }
     return;  // like the producer, it exits before the stores: only they allow the combine's launch
   } else {
@@ -712,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       consume_scheduled<NUM_HEADS, PAGE_SIZE, false>(p, s, tid);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      pv_rows<NUM_HEADS>(p, s, w, split_piece_row(a, w), tid, 0u);
+      pv_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, split_piece_row(a, w), tid, 0u);
     }
     allow_dependent_launch<SPLIT>();  // past this warpgroup's stores
   }

@@ -22,16 +22,20 @@ enum TraceSlot : int {
   kTraceEntry = 0,          // first math thread, at kernel entry
   kTraceProducerStart = 1,  // producer thread 0, past the barrier set-up (uniform 16-bit kernels: Q already in flight)
   kTraceQLanded = 2,        // first math thread: Q in shared memory (q_full complete; uniform launches; on the
-                            // fp8 register path its bf16 rows, before the math warps round them)
-  kTraceLoopDone = 3,       // first math thread: its warpgroup's main loop done (uniform launches)
-  kTraceStored = 4,         // first math thread: past its (last segment's) epilogue stores
+                            // fp8 register path its bf16 rows, before the math warps round them; in the fp8
+                            // fast kernel Q rounded to e4m3 by the P V warpgroups)
+  kTraceLoopDone = 3,       // first math thread: its warpgroup's main loop done (uniform launches; fp8 fast
+                            // kernel: the softmax warpgroup's S and softmax of every tile)
+  kTraceStored = 4,         // first math thread (fp8 fast kernel: of the first P V warpgroup): past its (last
+                            // segment's) epilogue stores
   kTraceProducerDone = 5,   // producer thread 0: its last copy landed (TMA tiles: issued)
   kTraceInfo = 6,           // (sm id << 32) | the CTA's tiles
   kTraceSegments = 7,       // scheduled CTA: its segments with tiles (uniform launches: 0)
   kTraceLoopDoneLast = 8,   // first thread of the last math warpgroup: its main loop done (uniform launches;
                             // on the 64-row path, where the warpgroups share every tile, both end
                             // together and the lag only shows skew)
-  kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform)
+  kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform;
+                            // fp8 fast kernel: the first P V thread past kBarEnd, the rows' factors written)
 };
 constexpr int kTraceSlots = 16;  // 10 used; room for more without changing the layout again
 constexpr int64_t kTraceMaxCtas = int64_t(1) << 17;  // 16 MiB of stamps; CTAs past it do not trace
