@@ -58,8 +58,9 @@ def fast_pieces(facts: PathFacts, n: int, batch: int, num_heads: int, q_len: int
 
     When n's pieces are short enough that the launch runs the variant's second kernel (the exact
     short-split one, facts.runs_second), the launch takes instead ceil(max_seq_len / FAST_PIECE_KEYS)
-    pieces on the fast kernel if that is at least 2 pieces making at least FAST_PIECE_MIN_CTAS CTAs
-    (batch x row blocks per request x pieces). Otherwise n. docs/design.md section 6 has the
+    pieces (of whole tiles, at most FAST_PIECE_KEYS keys each, so the fast kernel runs them) if that is
+    at least 2 pieces making at least FAST_PIECE_MIN_CTAS CTAs (batch x row blocks per request, as
+    num_kv_splits_for counts them, x pieces). Otherwise n. docs/design.md section 6 has the
     measurements (1 x 4096 at 128 heads: 64 pieces of 64 keys 23.2 us, 16 of 256 keys 21.2 us).
     """
     if not facts.runs_second(max_seq_len, n):
