@@ -220,13 +220,14 @@ def main(argv=None) -> int:
         name = f"{heads} x {batch} x {case['seq_mean']}{' ragged' if case.get('ragged') else ''} p{page}"
         splits = bench.case_splits(case, args, q_len, sm_count)
         split = splits > 1 or args.balanced
-        launch = the_launch(heads, page, bench.variant_dtype(args, heads), split)  # the launch mla_decode (or the plan) makes
+        token = bench.variant_dtype(args, heads)  # the variants the call dispatches to (fp8 fast mode included)
+        launch = the_launch(heads, page, token, split)  # the launch mla_decode (or the plan) makes
         if launch is None:
             try:
-                symbols = [l.symbol for l in _binding.library().plan(heads, page, bench.variant_dtype(args, heads), split)]
+                symbols = [l.symbol for l in _binding.library().plan(heads, page, token, split)]
             except LookupError:
                 symbols = []
-            print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {bench.variant_dtype(args, heads)} "
+            print(f"{name}: skipped (the call is not one launch of a {heads}-head page-{page} {token} "
                   f"variant in this build: {symbols or 'no variant'})")
             continue
         inputs = bench.build_inputs(pool, seq_lens, heads, page, q_len, dtype, gen)
