@@ -81,7 +81,6 @@ static_assert(kPvWgs == kNumWarpgroups, "copy_staged_rows (epilogue.cuh) sizes a
 static_assert(offsetof(Storage, tail) + sizeof(Storage::tail) - offsetof(Storage, q) == kPvWgs * kStagedBytes,
               "q, pt and tail hold both P V warpgroups' staged O");
 constexpr int kThreads = Storage::kThreads;
-constexpr int kSmemBytes = int(sizeof(Storage)) + 1024;
 
 // Byte offset of (row, byte column) in a 128-byte-swizzled K-major tile of `rows` rows (LayoutTile):
 // 1024-byte atoms of 8 rows x 128 bytes, column-block-major; 16-byte chunk c of row r at c ^ (r % 8).
