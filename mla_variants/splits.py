@@ -18,6 +18,13 @@ FAST_PIECE_KEYS = 256
 FAST_PIECE_MIN_CTAS = 32
 
 
+def _request_rows(num_heads: int, q_len: int, variant_heads: int | None) -> tuple[int, int]:
+    """(q_rows, per_req): the launched variant's query rows per request (its compiled head count, default
+    num_heads, x q_len), which decide its rows per CTA, and the rows a request's CTAs cover (masked heads
+    included, or all head groups' together)."""
+    return (variant_heads or num_heads) * q_len, max(num_heads, variant_heads or 0) * q_len
+
+
 def _for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sms: int, tile_keys: int) -> int:
     """The count for CTAs of `rows` query rows (num_kv_splits_for)."""
     ctas = batch * -(-rows_per_req // rows)
@@ -41,9 +48,7 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     HEURISTIC_MAX_SPLITS. When the pieces this gives are short enough for the variant's second kernel
     (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
     """
-    q_rows = (variant_heads or num_heads) * q_len
-    # Rows per request: the launched variant's (masked heads included), or all head groups' together.
-    per_req = max(num_heads, variant_heads or 0) * q_len
+    q_rows, per_req = _request_rows(num_heads, q_len, variant_heads)
     rows = facts.rows_for(q_rows)
     n = _for_rows(batch, per_req, rows, max_seq_len, num_sms, facts.tile_keys)
     launch_rows = facts.launch_rows(max_seq_len, n, q_rows)
@@ -67,7 +72,8 @@ def fast_pieces(facts: PathFacts, n: int, batch: int, num_heads: int, q_len: int
         return n
     tiles = -(-max_seq_len // facts.tile_keys)
     pieces = -(-tiles // (FAST_PIECE_KEYS // facts.tile_keys))
-    row_blocks = -(-(max(num_heads, variant_heads) * q_len) // facts.rows_for(variant_heads * q_len))
+    q_rows, per_req = _request_rows(num_heads, q_len, variant_heads)
+    row_blocks = -(-per_req // facts.rows_for(q_rows))
     if pieces > 1 and batch * row_blocks * pieces >= FAST_PIECE_MIN_CTAS and not facts.runs_second(max_seq_len, pieces):
         return pieces
     return n
