@@ -9,7 +9,7 @@ records of each call are read back from the profiler's device timeline:
 
   lead    : start of the decode kernel - end of the spin kernel before it (launch latency while the
             GPU was busy: what remains of the launch once the host is off the critical path)
-  decode  : duration of mla_decode_kernel
+  decode  : duration of mla_decode_kernel (mla_decode_fp8_fast_kernel in fp8 fast mode)
   gap     : start of the combine kernel - end of the decode kernel (split calls only)
   combine : duration of the combine kernel (mla_combine_warp_kernel or mla_combine_wide_kernel, or mla_combine_scheduled_kernel after
             MLADecodePlan.schedule; split calls only)
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # b
 import bench  # noqa: E402  (benchmarks/bench.py: the benchmark's case loading, inputs and L2 flush)
 import torch  # noqa: E402
 
-DECODE, COMBINE = "mla_decode_kernel", "mla_combine"  # mla_combine_{warp,wide,scheduled}_kernel
+DECODE, COMBINE = "mla_decode", "mla_combine"  # mla_decode_{,fp8_fast_}kernel, mla_combine_{warp,wide,scheduled}_kernel
 
 
 def split_calls(kernels: list[tuple[str, float, float]]) -> list[dict]:

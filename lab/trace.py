@@ -25,6 +25,7 @@ calls, with the 10th and 90th percentile):
   cta      : CTA entry -> past the stores
   producer : CTA entry -> producer thread 0 done (its own copies landed; TMA tiles: issued)
   spread   : CTA entry - the earliest entry of the call (when a CTA started: launch order and waves)
+  end      : past the CTA's stores - the earliest entry of the call (its max over CTAs is the kernel's span)
   wave     : CTAs that entered after another CTA on the same SM had finished (second and later waves)
 
 With --balanced the call is MLADecodePlan.run after MLADecodePlan.schedule (the balanced schedule, as
@@ -174,7 +175,8 @@ def phases(records: list[dict]) -> list[dict]:
                     "merge": (s[MERGED] - max(s[LOOP_DONE], s[LOOP_DONE_LAST])) / 1e3
                     if s[MERGED] and s[LOOP_DONE] and s[LOOP_DONE_LAST] else None,
                     "store": d(MERGED, STORED), "epilogue": d(LOOP_DONE, STORED), "cta": d(ENTRY, STORED), "producer": d(ENTRY, PRODUCER_DONE),
-                    "spread": (s[ENTRY] - t0) / 1e3, "tiles": r["tiles"], "segments": r.get("segments"),
+                    "spread": (s[ENTRY] - t0) / 1e3,
+                    "end": (s[STORED] - t0) / 1e3 if s[STORED] else None, "tiles": r["tiles"], "segments": r.get("segments"),
                     "later_wave": id(r) in later})
     return res
 
@@ -186,8 +188,8 @@ def summarize(rows: list[dict]) -> dict:
         if not xs:
             return None
         pick = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
-        return {"median": statistics.median(xs), "p10": pick(0.1), "p90": pick(0.9), "n": len(xs)}
-    keys = ("start", "q", "loop", "loop_per_tile", "lag", "merge", "store", "epilogue", "cta", "producer", "spread")
+        return {"median": statistics.median(xs), "p10": pick(0.1), "p90": pick(0.9), "max": xs[-1], "n": len(xs)}
+    keys = ("start", "q", "loop", "loop_per_tile", "lag", "merge", "store", "epilogue", "cta", "producer", "spread", "end")
     result = {"all": {k: stats(r[k] for r in rows) for k in keys}}
     for name, want in (("first_wave", False), ("later_waves", True)):
         sub = [r for r in rows if r["later_wave"] == want]
@@ -268,7 +270,8 @@ def main(argv=None) -> int:
         if args.balanced:
             summary["cost_fit"] = fit_cost(rows)
         report.append({"case": {k: case.get(k) for k in ("num_heads", "batch", "seq_mean", "page_size", "ragged")},
-                       "num_kv_splits": splits, "code_warm": args.code_warm, "hot": args.hot, "summary": summary})
+                       "num_kv_splits": splits, "code_warm": args.code_warm, "hot": args.hot, "summary": summary,
+                       "ctas": rows})  # every CTA's phases of every call, for a look beyond the percentiles
         print(f"\n{name}, {splits} split(s), {len(rows)} CTA records over {args.reps} calls"
               f"{' (code warm)' if args.code_warm else ''}{' (hot)' if args.hot else ''}: us, median [p10, p90]")
         for group, table in summary.items():
@@ -278,7 +281,7 @@ def main(argv=None) -> int:
                           f"{table['per_segment_us']:.2f} x segments us (rms residual {table['rms_residual_us']:.2f}, "
                           f"{table['n']} CTAs)")
                 continue
-            cells = [f"{k} {v['median']:.2f} [{v['p10']:.2f}, {v['p90']:.2f}]" for k, v in table.items() if v is not None]
+            cells = [f"{k} {v['median']:.2f} [{v['p10']:.2f}, {v['p90']:.2f}] max {v['max']:.2f}" for k, v in table.items() if v is not None]
             print(f"  {group} ({table['cta']['n'] if table['cta'] else 0} CTAs): " + "; ".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
