@@ -18,7 +18,8 @@ namespace mla {
 constexpr int kCombineThreads = kHeadDimV / 4;  // each thread owns 4 output columns of its row
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kCombineUnroll = 8;  // partial-output loads each thread keeps in flight
-constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid, per SM of the decode launch
+constexpr int kCombineCtasPerSm = 8;  // the scheduled combine's grid (kCombineWarpRows warps a CTA), per SM of the decode launch
+constexpr int kCombinePieceRound = 4;  // the scheduled combine's partial loads per lane in flight: pieces x 4 float4
 constexpr int kCombineWarpMaxSplits = 8;  // uniform splits up to this many: one warp per row
 constexpr int kCombineWarpRows = 4;       // rows (warps) per CTA of that combine
 constexpr int kCombineColsMaxSplits = 16; // uniform splits above kCombineWarpMaxSplits up to this many: a warp per 128 columns
@@ -96,15 +97,11 @@ __device__ __forceinline__ void store_combined(const MlaDecodeArgs& a, int b, in
 }
 
 // One (request b, query token qi, head h) row, by the whole CTA (every thread calls it with the same
-// row). `row` is the row's workspace index in its first piece, rows_per_split the distance between its
-// pieces. Two ways through it, picked per row:
-// - few splits (<= kCombineUnroll: scheduled requests of 2-8 pieces): every thread reads all the
-//   splits' lse values itself (same address across the CTA: one broadcast transaction) together with
-//   its 4 columns of every split's partial output, all in one round trip with no barrier;
-// - more splits: the splits' lse values are read in parallel (split s by thread s %
-//   kCombineThreads), their weights exp(lse_s - max) staged in shared memory kCombineThreads splits
-//   at a time, and each thread accumulates its 4 columns over the staged splits with kCombineUnroll
-//   independent 16-byte loads in flight.
+// row), over num_splits > kCombineColsMaxSplits splits. `row` is the row's workspace index in its first
+// split, rows_per_split the distance between its splits. The splits' lse values are read in parallel
+// (split s by thread s % kCombineThreads), their weights exp(lse_s - max) staged in shared memory
+// kCombineThreads splits at a time, and each thread accumulates its 4 columns over the staged splits
+// with kCombineUnroll independent 16-byte loads in flight.
 template <class Out, class P>
 __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitWorkspace<P>& ws, int b, int qi, int h,
                                             int64_t row, int64_t rows_per_split, int num_splits, float* weight,
@@ -113,69 +110,51 @@ __device__ __forceinline__ void combine_row(const MlaDecodeArgs& a, const SplitW
   float sum = 0.f;
   float max_lse = -INFINITY;
   bool bad = false;  // a split marked its request invalid (NaN lse): the row stays NaN
-  if (num_splits <= kCombineUnroll) {
+  // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
+  // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
+  for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+    const float l = ws.lse[s * rows_per_split + row];
+    bad |= isnan(l);
+    max_lse = fmaxf(max_lse, l);
+  }
+  bad = __syncthreads_or(bad);
+  max_lse = combine_reduce<true>(max_lse, scratch);
+
+  // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
+  // lse -inf, weighs exactly 0, and its partial output is not read.
+  if (max_lse != -INFINITY) {  // uniform over the CTA
     const P* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
     const int64_t split_stride = rows_per_split * kHeadDimV;
-    float l[kCombineUnroll];
-    PartialWords4<P> o[kCombineUnroll];
-    CUTE_UNROLL
-    for (int s = 0; s < kCombineUnroll; ++s) {
-      l[s] = s < num_splits ? ws.lse[s * rows_per_split + row] : -INFINITY;
-      // Read before the weight is known (one round trip). An empty split (lse -inf) is selected away
-      // below, never multiplied by 0: its CTA writes zeros today, but the combine does not rely on it.
-      o[s] = s < num_splits ? load_partial4(o_row + s * split_stride) : zero_partial4<P>();
-    }
-    float w[kCombineUnroll];
-    split_weights(l, w, sum, max_lse, bad);
-    CUTE_UNROLL
-    for (int s = 0; s < kCombineUnroll; ++s) accumulate(acc, w[s], widen_partial4<P>(o[s]));
-  } else {
-    // Pass 1: the largest lse, and whether any split marked its request invalid (NaN lse: the row
-    // stays NaN). fmaxf ignores a NaN operand, so the flag is kept apart.
-    for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
-      const float l = ws.lse[s * rows_per_split + row];
-      bad |= isnan(l);
-      max_lse = fmaxf(max_lse, l);
-    }
-    bad = __syncthreads_or(bad);
-    max_lse = combine_reduce<true>(max_lse, scratch);
-
-    // Pass 2: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max). A split that saw no key has
-    // lse -inf, weighs exactly 0, and its partial output is not read.
-    if (max_lse != -INFINITY) {  // uniform over the CTA
-      const P* o_row = ws.o + row * kHeadDimV + threadIdx.x * 4;
-      const int64_t split_stride = rows_per_split * kHeadDimV;
-      for (int first = 0; first < num_splits; first += kCombineThreads) {
-        const int n = min(kCombineThreads, num_splits - first);
-        if (int(threadIdx.x) < n) {
-          const float w = __expf(ws.lse[(first + threadIdx.x) * rows_per_split + row] - max_lse);
-          weight[threadIdx.x] = w;
-          sum += w;
-        }
-        __syncthreads();
-        const P* o_first = o_row + first * split_stride;
-        for (int i = 0; i < n; i += kCombineUnroll) {
-          PartialWords4<P> o[kCombineUnroll];
-          CUTE_UNROLL
-          for (int u = 0; u < kCombineUnroll; ++u) {
-            const bool live = i + u < n && weight[min(i + u, n - 1)] != 0.f;
-            o[u] = live ? load_partial4(o_first + (i + u) * split_stride) : zero_partial4<P>();
-          }
-          CUTE_UNROLL
-          for (int u = 0; u < kCombineUnroll; ++u) {
-            const float w = i + u < n ? weight[min(i + u, n - 1)] : 0.f;
-            const auto& v = widen_partial4<P>(o[u]);
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
-          }
-        }
-        __syncthreads();  // the next chunk overwrites `weight`
+    for (int first = 0; first < num_splits; first += kCombineThreads) {
+      const int n = min(kCombineThreads, num_splits - first);
+      if (int(threadIdx.x) < n) {
+        const float w = __expf(ws.lse[(first + threadIdx.x) * rows_per_split + row] - max_lse);
+        weight[threadIdx.x] = w;
+        sum += w;
       }
+      __syncthreads();
+      const P* o_first = o_row + first * split_stride;
+      for (int i = 0; i < n; i += kCombineUnroll) {
+        PartialWords4<P> o[kCombineUnroll];
+        CUTE_UNROLL
+        for (int u = 0; u < kCombineUnroll; ++u) {
+          const bool live = i + u < n && weight[min(i + u, n - 1)] != 0.f;
+          o[u] = live ? load_partial4(o_first + (i + u) * split_stride) : zero_partial4<P>();
+        }
+        CUTE_UNROLL
+        for (int u = 0; u < kCombineUnroll; ++u) {
+          const float w = i + u < n ? weight[min(i + u, n - 1)] : 0.f;
+          const auto& v = widen_partial4<P>(o[u]);
+          acc.x += w * v.x;
+          acc.y += w * v.y;
+          acc.z += w * v.z;
+          acc.w += w * v.w;
+        }
+      }
+      __syncthreads();  // the next chunk overwrites `weight`
     }
-    sum = combine_reduce<false>(sum, scratch);  // each thread summed the weights it staged
   }
+  sum = combine_reduce<false>(sum, scratch);  // each thread summed the weights it staged
   store_combined<Out>(a, b, qi, h, int(threadIdx.x) * 4, acc, sum, max_lse, bad, threadIdx.x == 0);
 }
 
@@ -372,8 +351,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
   }
 }
 
-// Uniform split into kCombineColsMaxSplits + 1 .. kCombineWideMinSplits - 1 splits (and the
-// scheduled combine's rows, through combine_row). Grid: one CTA
+// Uniform split into kCombineColsMaxSplits + 1 .. kCombineWideMinSplits - 1 splits. Grid: one CTA
 // per (request, query token, head) row; piece s of request b is s * batch + b.
 template <class Out, class P>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __grid_constant__ MlaDecodeArgs a) {
@@ -387,22 +365,27 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const __gr
 }
 
 // Balanced schedule. Only the requests with several pieces need a combine (the others were written to
-// out by their CTA), and the schedule lists them (schedule.cuh, `shared`): the CTAs stride over that
-// list's rows, so a batch with no shared request costs one wave of CTAs that read the count and
-// leave, instead of one CTA per row of the batch.
-// A request's pieces are consecutive from its first. Grid: kCombineCtasPerSm per SM, at most one per row
-// of the most requests that can be shared (launch.cuh).
+// out by their CTA), and the schedule lists them (schedule.cuh, `shared`). One warp per row of those
+// requests (row i: list entry i / rows_per_req), kCombineWarpRows per CTA, striding over the rows by
+// the grid (launch.cuh: at most kCombineCtasPerSm CTAs per SM of the decode launch), so a batch with
+// no shared request costs one wave of CTAs that read the count and leave. Lane j owns columns
+// j * 4 + 128 k (k < 4), as in the uniform warp combine. A request's pieces are consecutive from its
+// first: lane s reads the lse of pieces s, s + 32, ... (the largest and the NaN flag by shuffles),
+// and the partials come kCombinePieceRound pieces a round trip, the first round's loads issued with
+// the lse loads.
 template <class Out, class P>
-__global__ void __launch_bounds__(kCombineThreads)
+__global__ void __launch_bounds__(32 * kCombineWarpRows)
     mla_combine_scheduled_kernel(const __grid_constant__ MlaDecodeArgs a) {
-  __shared__ float weight[kCombineThreads];
-  __shared__ float scratch[kCombineWarps];
+  constexpr int kChunks = kHeadDimV / 128;  // 4-column groups per lane
+  constexpr int U = kCombinePieceRound;
   const int32_t* shared_list = a.schedule + schedule_shared_offset(a.batch, a.sched_ctas);
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
   const int64_t rows = int64_t(shared_list[0]) * rows_per_req;  // written before the decode launch
-  int64_t i = blockIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * kCombineWarpRows;
+  const int lane = int(threadIdx.x % 32);
+  int64_t i = int64_t(blockIdx.x) * kCombineWarpRows + threadIdx.x / 32;
   if (i >= rows) {
-    // Every CTA may leave here (no request shared); one waits, so that this grid's completion implies
+    // Every warp may leave here (no request shared); one waits, so that this grid's completion implies
     // the decode grid's, whose CTAs wrote out directly (stream order for the caller's next kernel).
     if (blockIdx.x == 0) wait_for_decode_grid();
     return;
@@ -424,9 +407,55 @@ __global__ void __launch_bounds__(kCombineThreads)
   locate(i, b, in_req, first_row, pieces);
   wait_for_decode_grid();
   for (;;) {
-    combine_row<Out, P>(a, ws, b, int(in_req / a.num_heads), int(in_req % a.num_heads), first_row, rows_per_req, pieces,
-                     weight, scratch);
-    i += gridDim.x;
+    const int64_t piece_stride = rows_per_req * kHeadDimV;  // workspace words between a row's pieces
+    const P* o_row = ws.o + first_row * kHeadDimV + lane * 4;
+    PartialWords4<P> o[U][kChunks];
+    auto load_round = [&](int first) {
+      CUTE_UNROLL
+      for (int u = 0; u < U; ++u) {
+        CUTE_UNROLL
+        for (int k = 0; k < kChunks; ++k) {
+          o[u][k] = first + u < pieces ? load_partial4(o_row + (first + u) * piece_stride + k * 128)
+                                       : zero_partial4<P>();
+        }
+      }
+    };
+    load_round(0);
+    float lane_lse = lane < pieces ? ws.lse[lane * rows_per_req + first_row] : -INFINITY;
+    float max_lse = lane_lse;
+    bool bad = isnan(lane_lse);
+    for (int s = lane + 32; s < pieces; s += 32) {
+      const float l = ws.lse[s * rows_per_req + first_row];
+      bad |= isnan(l);
+      max_lse = fmaxf(max_lse, l);
+    }
+    CUTE_UNROLL
+    for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, d));
+    bad = __any_sync(0xffffffff, bad);
+    float sum = 0.f;
+    float4 acc[kChunks];
+    CUTE_UNROLL
+    for (int k = 0; k < kChunks; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int first = 0; first < pieces; first += U) {
+      if (first > 0) load_round(first);
+      CUTE_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int s = first + u;  // the same for every lane
+        const float l = s < 32 ? __shfl_sync(0xffffffff, lane_lse, s % 32)
+                               : (s < pieces ? ws.lse[s * rows_per_req + first_row] : -INFINITY);
+        // A piece that saw no key (lse -inf), or past the last, weighs exactly 0 and is skipped.
+        const float w = s < pieces && max_lse != -INFINITY ? __expf(l - max_lse) : 0.f;
+        sum += w;
+        CUTE_UNROLL
+        for (int k = 0; k < kChunks; ++k) accumulate(acc[k], w, widen_partial4<P>(o[u][k]));
+      }
+    }
+    const int qi = int(in_req / a.num_heads), h = int(in_req % a.num_heads);
+    CUTE_UNROLL
+    for (int k = 0; k < kChunks; ++k) {
+      store_combined<Out>(a, b, qi, h, k * 128 + lane * 4, acc[k], sum, max_lse, bad, lane == 0 && k == 0);
+    }
+    i += stride;
     if (i >= rows) break;
     locate(i, b, in_req, first_row, pieces);
   }

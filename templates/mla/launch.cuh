@@ -59,7 +59,7 @@ cudaError_t launch_st_rows(int rows, const DecodeParams& p, dim3 grid, cudaStrea
 
 // The combine after a split decode grid (combine.cuh): a warp per row for 2-8 splits, a warp per 128
 // columns for 9-16, kCombineWideGroups CTAs per row from kCombineWideMinSplits, else a CTA per row;
-// the scheduled combine for a balanced schedule. combine_rows and wide_combine as the launcher
+// the scheduled combine (a warp per row) for a balanced schedule. combine_rows and wide_combine as the launcher
 // checked them. P: the decode kernel's partials (workspace.cuh).
 template <class Out, class P>
 cudaError_t launch_combine(const MlaDecodeArgs& a, cudaStream_t stream, int64_t combine_rows, bool scheduled,
@@ -84,6 +84,9 @@ cudaError_t launch_combine(const MlaDecodeArgs& a, cudaStream_t stream, int64_t 
   } else if (!scheduled && a.num_kv_splits <= kCombineColsMaxSplits) {  // a warp per 128 columns (combine.cuh)
     combine_kernel = mla_combine_cols_kernel<Out, P>;
     threads = 32 * kCombineWideGroups;
+  } else if (scheduled) {  // a warp per row of the shared requests (combine.cuh)
+    rows = (rows + kCombineWarpRows - 1) / kCombineWarpRows;
+    threads = 32 * kCombineWarpRows;
   } else if (wide_combine) {  // column groups of a row, 8 warps over the splits (combine.cuh)
     combine_kernel = mla_combine_wide_kernel<Out, P>;
     rows *= kCombineWideGroups;
@@ -174,14 +177,14 @@ int launch(const MlaDecodeArgs* args) {
   // The combine's grid, checked before anything is launched. Uniform split: per (request, query
   // token, head) row, one warp for 2-8 splits (kCombineWarpRows rows per CTA), one CTA for 9-31 (four
   // warps, one per 128 columns, for 9-16),
-  // kCombineWideGroups CTAs for 32 or more (below). Scheduled: one CTA per row of the most requests that can be shared
-  // (schedule.cuh), at most kCombineCtasPerSm per SM of the decode grid (its CTAs stride over the
-  // schedule's list); none when one CTA covers the batch.
+  // kCombineWideGroups CTAs for 32 or more (below). Scheduled: one warp per row of the most requests
+  // that can be shared (schedule.cuh), at most kCombineCtasPerSm CTAs of kCombineWarpRows warps per SM
+  // of the decode grid (its warps stride over the schedule's list); none when one CTA covers the batch.
   const int64_t rows_per_req = int64_t(a.q_len) * a.num_heads;
   const int64_t combine_rows =
       !combine ? 0
       : scheduled ? min(rows_per_req * min(int64_t(a.batch), int64_t(a.sched_ctas) - 1),
-                        int64_t(kCombineCtasPerSm) * grid_x)
+                        int64_t(kCombineCtasPerSm) * kCombineWarpRows * grid_x)
                   : int64_t(a.batch) * rows_per_req;
   const bool wide_combine = !scheduled && a.num_kv_splits >= kCombineWideMinSplits;
   if (combine_rows * (wide_combine ? kCombineWideGroups : 1) > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
