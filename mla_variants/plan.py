@@ -13,7 +13,7 @@ import torch
 
 import struct
 
-from codegen.variant import ST_MAX_HEADS, PathFacts, call_dtype
+from codegen.variant import FP8_FAST, ST_MAX_HEADS, PathFacts, call_dtype
 
 from . import _binding
 from .api import choose_launches, workspace_size
@@ -24,9 +24,12 @@ from .splits import num_kv_splits_for
 from .validation import MAX_KV_SPLITS, MAX_Q_LEN, Q_DTYPES, Call, check_disjoint, check_tensor, check_workspace, fail, \
     fp8_token, shown, validate
 
-# The balanced schedule's fixed cost of a request, in 64-key tiles (its Q load and epilogue); the
-# schedule kernel cuts the batch's tiles + this overhead per request into equal runs.
+# The balanced schedule's fixed cost of a segment (a request's run of tiles on one CTA: its Q load,
+# the pipeline's refill and its epilogue), in 64-key tiles of the kernel that runs it; the schedule
+# kernel cuts the batch's tiles + this overhead per segment into equal runs. The fast fp8 kernel's
+# tiles are cheaper and its epilogue dearer (docs/design.md section 6).
 SCHEDULE_OVERHEAD_TILES = 3
+SCHEDULE_OVERHEAD_TILES_FP8_FAST = 6
 
 _STREAM = struct.Struct("@Q")
 
@@ -107,6 +110,7 @@ class MLADecodePlan:
             fail("max_batch", "at most 2**20 with balanced=True", max_batch)
         self._balanced_asked = balanced
         self._sched_launches, self.sched_ctas, self._sched_batch = None, 0, 0
+        self.default_overhead_tiles = SCHEDULE_OVERHEAD_TILES  # schedule()'s overhead_tiles when not given
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
@@ -117,6 +121,8 @@ class MLADecodePlan:
             except VariantNotCompiledError:
                 sl = None
             if sl is not None and len(sl) == 1 and sl[0].facts.balanced_schedule:
+                if sl[0].key[2] == FP8_FAST:
+                    self.default_overhead_tiles = SCHEDULE_OVERHEAD_TILES_FP8_FAST
                 m_blocks = -(-sl[0].key[0] * q_len // sl[0].facts.rows_per_cta)
                 self._sched_launches = sl
                 self.sched_ctas = max(1, sm_count(self.device.index) // m_blocks)
@@ -137,11 +143,12 @@ class MLADecodePlan:
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
-                 overhead_tiles: int = SCHEDULE_OVERHEAD_TILES) -> bool:
+                 overhead_tiles: int | None = None) -> bool:
         """Balance the next decode steps' work over the GPU for these seq_lens (call once per step, after
         seq_lens changed, before the step's layers call :meth:`run`): one small kernel on the current
         stream (graph capturable, no host synchronization) cuts the batch's 64-key tiles, plus
-        `overhead_tiles` per request, into equal runs, one per CTA, crossing request boundaries, so that
+        `overhead_tiles` per segment (default: SCHEDULE_OVERHEAD_TILES, or SCHEDULE_OVERHEAD_TILES_FP8_FAST
+        for fp8 fast mode), into equal runs, one per CTA, crossing request boundaries, so that
         neither a long request in a ragged batch nor a short batch leaves SMs idle (FlashMLA's
         get_mla_metadata and FlashInfer's plan do the same once per step). The kernel also prices the
         uniform split of this batch laid out on the same CTAs and keeps that cut instead when the balanced
@@ -166,6 +173,8 @@ class MLADecodePlan:
         batch = seq_lens.shape[0]
         if not 1 <= batch <= self.max_batch:
             fail("seq_lens", f"1 to max_batch={self.max_batch} requests", batch)
+        if overhead_tiles is None:
+            overhead_tiles = self.default_overhead_tiles
         if isinstance(overhead_tiles, bool) or not isinstance(overhead_tiles, int) or not 1 <= overhead_tiles <= 1 << 20:
             fail("overhead_tiles", "an int from 1 to 2**20", shown(overhead_tiles))
         if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
