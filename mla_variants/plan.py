@@ -27,9 +27,9 @@ from .validation import MAX_KV_SPLITS, MAX_Q_LEN, Q_DTYPES, Call, check_disjoint
 # The balanced schedule's fixed cost of a segment (a request's run of tiles on one CTA: its Q load,
 # the pipeline's refill and its epilogue), in 64-key tiles of the kernel that runs it; the schedule
 # kernel cuts the batch's tiles + this overhead per segment into equal runs. The fast fp8 kernel's
-# tiles are cheaper and its epilogue dearer (docs/design.md section 6).
+# tiles are cheaper and its epilogue dearer (docs/design.md section 7).
 SCHEDULE_OVERHEAD_TILES = 3
-SCHEDULE_OVERHEAD_TILES_FP8_FAST = 6
+SCHEDULE_OVERHEAD_TILES_FP8_FAST = 8
 
 _STREAM = struct.Struct("@Q")
 
