@@ -48,6 +48,14 @@ __device__ __forceinline__ float combine_reduce(float v, float* scratch) {
   return v;
 }
 
+// A warp's largest lse and NaN flag: every lane gets the max of the lanes' max_lse and whether any
+// lane's bad is set.
+__device__ __forceinline__ void warp_max_lse(float& max_lse, bool& bad) {
+  CUTE_UNROLL
+  for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, d));
+  bad = __any_sync(0xffffffff, bad);
+}
+
 // The weights w_s = exp(lse_s - max) of N split results (all 0 when every lse is -inf: no key), their
 // sum, the largest lse, and whether any lse is NaN (a split marked its request invalid; fmaxf ignores a
 // NaN operand, so the flag is kept apart).
@@ -290,9 +298,7 @@ __global__ void __launch_bounds__(32 * kCombineWideWarps, 2)
     bad |= isnan(l);
     max_lse = fmaxf(max_lse, l);
   }
-  CUTE_UNROLL
-  for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, d));
-  bad = __any_sync(0xffffffff, bad);
+  warp_max_lse(max_lse, bad);
   if (lane == 0) {
     warp_max[warp] = max_lse;
     warp_bad[warp] = bad;
@@ -429,9 +435,7 @@ __global__ void __launch_bounds__(32 * kCombineWarpRows)
       bad |= isnan(l);
       max_lse = fmaxf(max_lse, l);
     }
-    CUTE_UNROLL
-    for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffff, max_lse, d));
-    bad = __any_sync(0xffffffff, bad);
+    warp_max_lse(max_lse, bad);
     float sum = 0.f;
     float4 acc[kChunks];
     CUTE_UNROLL
