@@ -56,6 +56,15 @@ def test_balanced_schedule_matches_reference(name, q_len):
                                                 case.softmax_scale)
         problems = compare(out, lse, ref_out, ref_lse)
         assert not problems, f"h{heads} p{page} {name} q_len {q_len}: {problems}"
+        if name == "one_long" and plan.sched_ctas > 32:  # either cut: min(sched_ctas, 64) pieces, so the
+            # scheduled combine reads lse past its warp's 32 lanes (combine.cuh)
+            assert _pieces(plan, 0) > 32, f"h{heads} p{page}: {_pieces(plan, 0)} pieces"
+
+
+def _pieces(plan, b):
+    """Request b's piece count in the plan's last schedule (schedule.cuh layout: the 2 (G + 1) bounds,
+    then 4 ints a request, the pieces last)."""
+    return int(plan._schedules[plan._sched_batch][2 * (plan.sched_ctas + 1) + 4 * b + 3].item())
 
 
 @pytest.mark.parametrize("overhead", [1, 3, 50])
