@@ -60,8 +60,10 @@ class MLADecodePlan:
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
     workspace and workspace_bytes (its size: :func:`mla_variants.workspace_size` for max_batch, or for a
     plan that balances the larger of that and (max_batch + sched_ctas) * q_len * num_heads * 513 * 4),
-    balanced (whether :meth:`schedule` applies) and sched_ctas (CTAs per query-row block of the
-    schedule: SMs // row blocks; 0 when not balanced).
+    balanced (whether :meth:`schedule` applies), sched_ctas (CTAs per query-row block of the
+    schedule: SMs // row blocks; 0 when not balanced) and default_overhead_tiles (:meth:`schedule`'s
+    overhead_tiles when none is given: SCHEDULE_OVERHEAD_TILES_FP8_FAST for fp8 fast mode's kernel, else
+    SCHEDULE_OVERHEAD_TILES).
 
     Raises MLAInputError for bad arguments, VariantNotCompiledError if no compiled variant serves them,
     LibraryNotBuiltError if nothing was built.
