@@ -874,7 +874,8 @@ def parse_args(argv=None, description: str | None = None, extra=None):
     p.add_argument("--code-warm", action="store_true",
                    help="also time each case with its kernels' code brought back into L2 after the flush "
                         "(codewarm_us; cold minus code-warm = the cost of fetching code from DRAM)")
-    p.add_argument("--schedule-overhead", type=int, help="with --balanced: the schedule's overhead per request, in tiles")
+    p.add_argument("--schedule-overhead", type=int, help="with --balanced: the schedule's cost of a segment, in tiles (default: the plan's, "
+                   "mla_variants.plan.SCHEDULE_OVERHEAD_TILES*)")
     p.add_argument("--reps", type=int, help="cold timed calls per case (default 50; 10 with --quick)")
     p.add_argument("--graph-replays", type=int, help=f"timed replays of the {GRAPH_CALLS}-call graph "
                                                      "(default 20; 10 with --quick)")

@@ -56,8 +56,9 @@ def test_balanced_schedule_matches_reference(name, q_len):
                                                 case.softmax_scale)
         problems = compare(out, lse, ref_out, ref_lse)
         assert not problems, f"h{heads} p{page} {name} q_len {q_len}: {problems}"
-        if name == "one_long" and plan.sched_ctas > 32:  # either cut: min(sched_ctas, 64) pieces, so the
-            # scheduled combine reads lse past its warp's 32 lanes (combine.cuh)
+        if name == "one_long" and plan.sched_ctas > 32:  # either cut: about min(sched_ctas, 64) pieces
+            # (the uniform one ceil(T / ceil(T / S)) for T tiles, S splits), so the scheduled combine
+            # reads lse past its warp's 32 lanes (combine.cuh)
             assert _pieces(plan, 0) > 32, f"h{heads} p{page}: {_pieces(plan, 0)} pieces"
 
 
