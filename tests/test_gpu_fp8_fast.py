@@ -14,6 +14,7 @@ pytestmark = pytest.mark.gpu
 
 from mla_variants import (MLADecodePlan, MLAInputError, _binding, mla_decode, mla_decode_reference,  # noqa: E402
                           mla_decode_varlen, mla_decode_varlen_reference)
+from mla_variants.plan import SCHEDULE_OVERHEAD_TILES_FP8_FAST  # noqa: E402
 from mla_variants.testing import (FP8_FAST_TOLERANCE, capture_graph, compare, make_paged_case,  # noqa: E402
                                   replay_steps, run_nan_prefilled)
 
@@ -234,13 +235,14 @@ def test_fast_balanced_schedule_against_reference(key, name):
     heads, page = key[0], key[1]
     g = torch.Generator().manual_seed(31 * heads + page)
     lens = BALANCED_LENGTHS[name]
-    for q_len, k_scale, overhead in ((1, 0.0625, 3), (2, 37.5, 1), (4, 1.0, 50)):
+    for q_len, k_scale, overhead in ((1, 0.0625, None), (2, 37.5, 1), (4, 1.0, 50)):  # None: the plan's default
         case = make_paged_case(lens, heads, page, q_len, FP8, generator=g, k_scale=k_scale)
         ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
                                                 case.softmax_scale, k_scale=k_scale)
         plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, kv_dtype=FP8, max_seq_len=max(max(lens), 1),
                              balanced=True, fp8_mode="fast")
         assert plan.balanced and all("fast" in l.symbol for l in plan.launches)
+        assert plan.default_overhead_tiles == SCHEDULE_OVERHEAD_TILES_FP8_FAST  # the fast kernel's segment cost
         assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page, overhead_tiles=overhead)
         for scale_arg in (k_scale, torch.tensor([k_scale], device="cuda")):
             out = torch.full((len(lens), q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")

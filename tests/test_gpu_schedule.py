@@ -12,6 +12,7 @@ if not torch.cuda.is_available():  # also skip when run outside the repo's conft
     pytest.skip("no CUDA GPU on this machine (GPU tests run on an sm_90 device)", allow_module_level=True)
 
 from mla_variants import MLADecodePlan, MLAInputError, _binding, mla_decode_reference  # noqa: E402
+from mla_variants.plan import SCHEDULE_OVERHEAD_TILES  # noqa: E402
 from mla_variants.testing import capture_graph, compare, make_paged_case, replay_steps  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def test_balanced_schedule_matches_reference(name, q_len):
         lens = LENGTHS[name]
         case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
         plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(max(lens), 1), balanced=True)
-        assert plan.balanced
+        assert plan.balanced and plan.default_overhead_tiles == SCHEDULE_OVERHEAD_TILES  # the 16-bit kernel's
         out, lse = _run(plan, case)
         ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
                                                 case.softmax_scale)
