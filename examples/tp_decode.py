@@ -83,9 +83,14 @@ class Shard:
         self.o = to(weights["o"].view(-1, HEADS, V_DIM)[:, h0:h1])                               # [hidden, heads, 128]
 
     def latent_rows(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The cache rows [tokens, 576] of hidden states x [tokens, hidden] at positions [tokens]."""
-        kv = x @ self.kv_a.T
-        return torch.cat([rms_norm(kv[:, :KV_LORA], self.kv_a_norm), rope(kv[:, KV_LORA:], positions)], -1)
+        """The cache rows [tokens, 576] of hidden states x [tokens, hidden] at positions [tokens]. The fp32
+        (CPU) layer computes them in float64 and rounds once: every rank then writes exactly the TP-1 run's
+        rows into its bf16 or fp8 cache replica, whatever blocking or thread count the CPU matmul picks (in
+        fp32, a sum in another order flipped a cache rounding now and then: 2e-4 against the TP-1 output)."""
+        wide = x.dtype == torch.float32
+        kv = x.double() @ self.kv_a.double().T if wide else x @ self.kv_a.T
+        rows = torch.cat([rms_norm(kv[:, :KV_LORA], self.kv_a_norm), rope(kv[:, KV_LORA:], positions)], -1)
+        return rows.to(x.dtype)
 
     def query(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """This shard's absorbed queries [tokens, heads, 576] of x [tokens, hidden]."""
