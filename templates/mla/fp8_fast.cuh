@@ -360,15 +360,37 @@ struct Math {
   int key_limit[2];
   int unmasked_end;      // the least key_limit of the warp's rows: a tile below it needs no mask
   float score_scale[2];  // per S row: softmax_scale log2(e) k_scale / Q scale
+  bool fold_scale;       // both rows' score_scale positive (tile_rowmax)
   int pt_base;           // exp_store_pt: row0 * 64 + 4 (lane % 4)
 };
 
 __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 2 * (lane % 4) + (jj & 1); }
 
-// scale_mask_rowmax (row_softmax.cuh) on tile `tile` (keys kv_begin + 64 tile ..), with per-row scales.
-__device__ __forceinline__ void scale_mask_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2]) {
-  mla::scale_mask_rowmax<32>([&](int i) -> float& { return S[i]; }, [&](int r) { return c.score_scale[r]; },
-                             c.kv_begin + tile * kBlockN, c.unmasked_end, c.key_limit, c.lane, tile_max);
+// Tile `tile`'s row maxima in the log2 domain (keys kv_begin + 64 tile ..) and each row's multiplier of S
+// for exp_store_pt. A tile without masked keys, when both rows' scales are positive (fold_scale: a device
+// k_scale might not be), keeps S as the wgmma left it: its scaled max is the raw max times the scale
+// (exactly: rounding is monotonic), and exp_store_pt applies the scale in its FFMA.
+// Any other tile is scaled and masked in place (row_softmax.cuh scale_mask_rowmax) and multiplied by 1.
+__device__ __forceinline__ void tile_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2],
+                                            float (&mul)[2]) {
+  const int tile_start = c.kv_begin + tile * kBlockN;
+  if (c.fold_scale && tile_start <= c.unmasked_end - kBlockN) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) tile_max[r] = -INFINITY;
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], S[i]);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+      tile_max[r] *= c.score_scale[r];
+      mul[r] = c.score_scale[r];
+    }
+  } else {
+    mla::scale_mask_rowmax<32>([&](int i) -> float& { return S[i]; }, [&](int r) { return c.score_scale[r]; },
+                               tile_start, c.unmasked_end, c.key_limit, c.lane, tile_max);
+    mul[0] = mul[1] = 1.f;
+  }
 }
 
 // O^T's columns (query rows) times the factors the softmax warpgroup wrote for the tile in `row_alpha`,
@@ -392,7 +414,8 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
   }
 }
 
-// P 2^8 = exp2(S - m_sub8), m_sub8 = m_sub - kPScaleLog2 (the factor in the exponent, no multiply), into P^T of
+// P 2^8 = exp2(S mul - m_sub8) (one FFMA; mul: tile_rowmax's), m_sub8 = m_sub - kPScaleLog2 (the factor in the
+// exponent, no multiply), into P^T of
 // the stage (e4m3, tokens in sigma order per k-step); row sums of the unrounded P into l (lse's) and of the e4m3
 // values that P V reads into l_p8 (out's divisor), both scaled by 2^8: out is then a weighted mean of V with the
 // weights P V used, so a cache whose values share a sign keeps its mean (design.md 3.3, "Row sums"). The tile's
@@ -402,8 +425,9 @@ __device__ __forceinline__ void rescale_cols(float (&o)[4][32], const float* row
 // ((i >> 2) & 1); row0 and row0 + 8 share the swizzle (row >> 1) & 3. pt_base: this thread's byte offset row0 * 64
 // + 4 q. Elements i and i + 4 (i % 8 < 4) fill the four bytes at k & 15 = 4 q .. 4 q + 3 of one chunk: one 4-byte
 // store.
-__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&m_sub8)[2],
-                                             float (&l)[2], float (&l_p8)[2], E4* pt) {
+__device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c, const float (&mul)[2],
+                                             const float (&m_sub8)[2], float (&l)[2], float (&l_p8)[2], E4* pt) {
+  const float neg[2] = {-m_sub8[0], -m_sub8[1]};
   char* base = reinterpret_cast<char*>(pt) + c.pt_base;
   const int swz = (c.row0 >> 1) & 3;
   __half2 sum_p8[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
@@ -412,10 +436,10 @@ __device__ __forceinline__ void exp_store_pt(const float (&S)[32], const Math& c
     CUTE_UNROLL
     for (int i = g; i < g + 4; i += 2) {
       const int r = (i >> 1) & 1;
-      const float p0 = exp2_ftz(S[i] - m_sub8[r]);
-      const float p1 = exp2_ftz(S[i + 1] - m_sub8[r]);
-      const float p2 = exp2_ftz(S[i + 4] - m_sub8[r]);
-      const float p3 = exp2_ftz(S[i + 5] - m_sub8[r]);
+      const float p0 = exp2_ftz(fmaf(S[i], mul[r], neg[r]));
+      const float p1 = exp2_ftz(fmaf(S[i + 1], mul[r], neg[r]));
+      const float p2 = exp2_ftz(fmaf(S[i + 4], mul[r], neg[r]));
+      const float p3 = exp2_ftz(fmaf(S[i + 5], mul[r], neg[r]));
       l[r] += p0 + p1;  // the order of the sums: element by element, as the columns run
       l[r] += p2 + p3;
       const int off = r * 512 + (((i >> 3) ^ swz) << 4);
@@ -456,8 +480,8 @@ __device__ __forceinline__ void softmax_role(Storage& s, const Math& c, int num_
     warpgroup_wait<0>();
     fence_acc(S);
     if (c.lane == 0) arrive_barrier(&s.kv_empty[st]);  // K read; the P V warpgroups still read V
-    float tile_max[2], m_new[2], m_sub[2], alpha[2];
-    scale_mask_rowmax(S, c, t, tile_max);
+    float tile_max[2], mul[2], m_new[2], m_sub[2], alpha[2];
+    tile_rowmax(S, c, t, tile_max, mul);
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m_run[r], tile_max[r]);
     advance_max(m_run, m_new, alpha, m_sub);
@@ -468,7 +492,7 @@ __device__ __forceinline__ void softmax_role(Storage& s, const Math& c, int num_
       if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
     }
     const float m_sub8[2] = {m_sub[0] - kPScaleLog2, m_sub[1] - kPScaleLog2};
-    exp_store_pt(S, c, m_sub8, l_run, l_p8, s.pt[st]);
+    exp_store_pt(S, c, mul, m_sub8, l_run, l_p8, s.pt[st]);
     fence_proxy_async_shared();  // P^T stores -> the P V warpgroups' wgmma reads
     arrive_barrier(&s.p_full[st]);
   }
@@ -521,6 +545,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeParams& p, Storage& s, 
     c.score_scale[r] = p.scale_log2 * k_scale * s.q_inv_scale[c.row0 + 8 * r];
   }
   c.unmasked_end = __reduce_min_sync(0xffffffff, min(c.key_limit[0], c.key_limit[1]));
+  c.fold_scale = __all_sync(0xffffffff, c.score_scale[0] > 0.f && c.score_scale[1] > 0.f);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, l_p8[2] = {0.f, 0.f};
   if (w.num_tiles > 0) softmax_role(s, c, w.num_tiles, ph, m_run, l_run, l_p8);
   if constexpr (kTrace) trace_at(p, kProducerThreads).stamp(kTraceLoopDone);
