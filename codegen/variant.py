@@ -62,8 +62,9 @@ class PathFacts:
     tma / second_tma: whether the own / second kernel loads full tiles by TMA (64-row kernels on pages
         that are multiples of 64).
     balanced_schedule: whether MLADecodePlan's balanced schedule can run (split variants of the 64-row
-        path with a 16-bit cache, and split fp8_e4m3_fast variants: the fast kernel's scheduled
-        instantiation; exact fp8 variants have none).
+        path with a 16-bit cache, of the transposed path (one CTA per segment; not where a request's rows
+        take a transposed 16-bit variant's 64-row second kernel, `balances`), and split fp8_e4m3_fast
+        variants: the fast kernel's scheduled instantiation; exact fp8 variants of the 64-row path have none).
     tile_keys: keys per tile (splits are whole tiles).
     max_rows_per_cta: the largest row block of a launch (64; 32 for transposed fp8 variants): a launch
         with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's
@@ -97,7 +98,7 @@ class PathFacts:
         tma_pages = page_size % TILE_KEYS == 0
         return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
-                   balanced_schedule=split and not transposed and not fp8,
+                   balanced_schedule=split and (transposed or not fp8),
                    max_rows_per_cta=ST_MAX_ROWS if transposed and fp8 else ROWS_64)
 
     @classmethod
@@ -128,6 +129,12 @@ class PathFacts:
         """Query rows per CTA of the kernel such a launch runs (q_rows: q_len x the variant's num_heads); 64
         on a transposed variant is its second kernel."""
         return self.second_rows_per_cta if self.runs_second(max_seq_len, num_kv_splits) else self.rows_for(q_rows)
+
+    def balances(self, q_rows: int) -> bool:
+        """Whether a balanced schedule can run for requests of q_rows = q_len x the variant's num_heads rows:
+        balanced_schedule, and the launch's kernel has a scheduled form (not the 64-row second kernel of a
+        transposed 16-bit variant, which rows_for picks for more than ST_MAX_ROWS rows)."""
+        return self.balanced_schedule and (self.rows_per_cta == ROWS_64 or self.rows_for(q_rows) < ROWS_64)
 
     def cpp(self) -> str:
         """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""

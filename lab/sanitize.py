@@ -12,7 +12,7 @@ Needs a build with the variants below (the default `mla-variants build`; a call 
 built is skipped and named). Every path runs: the transposed path at 8 / 16 / 32 rows (16-bit and fp8),
 the 64-row path with cp.async and TMA pages, staged and paired epilogues, split and not, both second
 kernels (the 64-row kernel of 17..32 heads on short splits, the fp8 short-split kernel), the balanced
-schedule, the fp8 fast kernel (uniform, scheduled, and scheduled on 2 CTAs so its ring wraps), q_len
+schedule (64-row walk and transposed one CTA per segment), the fp8 fast kernel (uniform, scheduled, and scheduled on 2 CTAs so its ring wraps), q_len
 2 and 4 (a transposed variant's larger row blocks), and every combine kernel (2-8, 9-16, 17-31 and 32+
 splits). Calls are tiny (racecheck instruments every shared-memory access) and their results are
 checked against the fp32 reference. Exit status 0 only if every tool reports 0 errors and 0 hazards
@@ -61,6 +61,9 @@ CALLS = [
     ("r64-fp8fast-p64-split", 128, 64, "fp8", [700, 3000], 1, 4, "fast"),
     ("r64-fp8fast-p16-balanced", 64, 16, "fp8", [700, 30, 0, 1100, 5000], 2, None, "balanced-fast"),
     ("r64-fp8fast-p64-balanced-wrap", 128, 64, "fp8", [900, 40, 1300], 1, None, "balanced-fast-wrap"),
+    # The transposed path on the balanced schedule: one CTA per segment (empty trailing CTAs included).
+    ("st16-bf16-balanced", 16, 1, "bf16", [700, 30, 0, 1100, 64], 1, None, "balanced"),
+    ("st16-q2-rows32-fp8-balanced", 16, 64, "fp8", [900, 1, 300], 2, None, "balanced"),
 ]
 
 

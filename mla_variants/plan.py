@@ -13,14 +13,14 @@ import torch
 
 import struct
 
-from codegen.variant import FP8_FAST, ST_MAX_HEADS, PathFacts, call_dtype
+from codegen.variant import FP8_FAST, PathFacts, call_dtype
 
 from . import _binding
 from .api import choose_launches, workspace_size
 from .dispatch import VariantNotCompiledError
 from .fp8 import FP8_DTYPE
 from .launching import current_stream, launch, pack, sm_count
-from .splits import num_kv_splits_for
+from .splits import fast_pieces, num_kv_splits_for
 from .validation import MAX_KV_SPLITS, MAX_Q_LEN, Q_DTYPES, Call, check_disjoint, check_tensor, check_workspace, fail, \
     fp8_token, shown, validate
 
@@ -116,18 +116,25 @@ class MLADecodePlan:
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
-        if balanced and PathFacts.of(ST_MAX_HEADS + 1, page_size, call_dtype(shape.key_dtype, num_heads),
-                                     True).balanced_schedule:
+        if balanced and PathFacts.of(num_heads, page_size, call_dtype(shape.key_dtype, num_heads),
+                                     True).balances(num_heads * q_len):
             try:
                 sl = _binding.library().plan(num_heads, page_size, shape.key_dtype, True)
             except VariantNotCompiledError:
                 sl = None
-            if sl is not None and len(sl) == 1 and sl[0].facts.balanced_schedule:
+            if sl is not None and len(sl) == 1 and sl[0].facts.balances(sl[0].key[0] * q_len):
                 if sl[0].key[2] == FP8_FAST:
                     self.default_overhead_tiles = SCHEDULE_OVERHEAD_TILES_FP8_FAST
-                m_blocks = -(-sl[0].key[0] * q_len // sl[0].facts.rows_per_cta)
+                m_blocks = -(-sl[0].key[0] * q_len // sl[0].facts.rows_for(sl[0].key[0] * q_len))
                 self._sched_launches = sl
                 self.sched_ctas = max(1, sm_count(self.device.index) // m_blocks)
+                # A step of one request runs the uniform split on the same variant (schedule()), split as
+                # mla_decode would split it.
+                one = num_kv_splits_for(sl[0].facts, 1, num_heads, q_len, max_seq_len, sm_count(self.device.index),
+                                        variant_heads=sl[0].key[0])
+                if sl[0].key[2] == FP8_FAST:
+                    one = fast_pieces(sl[0].facts, one, 1, num_heads, q_len, max_seq_len, variant_heads=sl[0].key[0])
+                self._one_request_splits = num_kv_splits or one
                 # max_batch + sched_ctas pieces of partial results per row (workspace_size's per-split size).
                 self.workspace_bytes = max(self.workspace_bytes,
                                            workspace_size(1, num_heads, q_len, max_batch + self.sched_ctas))
@@ -162,7 +169,8 @@ class MLADecodePlan:
         seq_lens: int32 [batch] on the plan's device, batch <= max_batch. max_seq_len: the longest
         sequence a block_table row addresses (default: no bound; a larger seq_len counts 0 tiles here and
         gets NaN in run). Returns False (and changes nothing) for a balanced=True plan that cannot
-        balance (see :attr:`balanced`). The first call for a batch size allocates that size's schedule buffer, so make
+        balance (see :attr:`balanced`). A batch of one request keeps the uniform split (its pieces are
+        already equal): no kernel runs, and run and scheduled_cut treat the step as the uniform cut. The first call for a batch size allocates that size's schedule buffer, so make
         it before capturing a CUDA graph (a warm-up step does). Raises MLAInputError for a bad seq_lens,
         max_seq_len or overhead_tiles, a plan made without balanced=True, or a first call for a batch
         size during graph capture."""
@@ -186,6 +194,10 @@ class MLADecodePlan:
             fail("balanced", "a plan made with MLADecodePlan(..., balanced=True) to call schedule()", "balanced=False")
         if not self.balanced:
             return False
+        if batch == 1:  # one request: the uniform split's pieces are already equal; no schedule kernel
+            self._schedules[1] = None
+            self._sched_batch = 1
+            return True
         buf = self._schedules.get(batch)
         if buf is None:
             if torch.cuda.is_current_stream_capturing():
@@ -217,6 +229,8 @@ class MLADecodePlan:
         scheduled CTAs), None before any; reads the device (synchronizes: for diagnostics, not the step)."""
         if not self._sched_batch:
             return None
+        if self._schedules[self._sched_batch] is None:
+            return "uniform"
         offset = _binding.library().cdll.mla_variants_schedule_kind_offset(self._sched_batch, self.sched_ctas)
         return "uniform" if int(self._schedules[self._sched_batch][offset].item()) else "balanced"
 
@@ -246,8 +260,12 @@ class MLADecodePlan:
         plan's uniform split."""
         if self._sched_batch:
             self._check_scheduled_batch(c.batch)
+        if self._sched_batch and self._schedules[c.batch] is not None:
             launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
                    self._schedules[c.batch].data_ptr(), self.sched_ctas)
+        elif self._sched_batch:  # one request (schedule())
+            launch(c, self._sched_launches, self._one_request_splits, self.workspace, self.workspace_bytes,
+                   max_seq_len=self.max_seq_len)
         else:
             launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
                    max_seq_len=self.max_seq_len)
@@ -353,10 +371,14 @@ class BoundDecode:
         launches = self._launches
         if self._batch and self.plan._sched_batch:
             self.plan._check_scheduled_batch(self._batch)
+        if self._batch and self.plan._sched_batch:
             if self._sched_launches is None:
                 plan = self.plan
-                packed = pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
-                               plan._schedules[self._batch].data_ptr(), plan.sched_ctas)
+                buf = plan._schedules[self._batch]
+                packed = (pack(self._call, plan._sched_launches, plan._one_request_splits, plan.workspace,
+                               plan.workspace_bytes, 0, max_seq_len=plan.max_seq_len) if buf is None else
+                          pack(self._call, plan._sched_launches, 1, plan.workspace, plan.workspace_bytes, 0,
+                               buf.data_ptr(), plan.sched_ctas))
                 self._sched_launches = [(self._lib.launcher(symbol), args[:-8]) for symbol, args in packed]
             launches = self._sched_launches
         for fn, head in launches:

@@ -219,12 +219,18 @@ def _segments(bounds, tiles, c):
         b, t = b + 1, 0
 
 
+#: schedule.cuh kSegmentSortItems x kScheduleThreads: the longest segment table the schedule kernel sorts
+SEGMENT_SORT_MAX = 8 * 512
+
+
 def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: int, uniform_splits: int,
                        kind: int | None = None, *, piece_cost: float, balanced_margin: float) -> dict:
     """What the schedule kernel (templates/mla/schedule.cu) writes, computed in Python: {"bounds": [(request,
     tile)] * (ctas + 1), "requests": [(tiles, first_cta, first_piece, pieces)] * batch, "kind": 0 balanced /
     1 uniform-equivalent, "prices": (balanced, uniform) in tiles, "shared": the requests of several pieces,
-    in order (the combine's list)}. piece_cost and balanced_margin: the kernel's cost model (a loaded
+    in order (the combine's list), "segments": every (request, CTA) segment, the transposed path's CTAs:
+    by cost class (256 classes of the kept cut's busiest CTA), costliest first, request order within a
+    class; in request order when there are more than SEGMENT_SORT_MAX}. piece_cost and balanced_margin: the kernel's cost model (a loaded
     library's Library.schedule_model()). `kind` forces the cut (the kernel prices in fp32 and may fuse a
     multiply-add, so a near-tie can go either way). The GPU test compares the kernel's buffer with it;
     CPU tests check its invariants."""
@@ -255,7 +261,7 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
         t = split * -(-tiles[b] // s)
         uniform.append((b + 1, 0) if split > 0 and t >= tiles[b] else (b, t))
 
-    def price(bounds):
+    def busiest_and_pieces(bounds):
         work, pieces = 0, 0
         for c in range(ctas):
             w = 0
@@ -263,12 +269,14 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
                 w += t1 - t0 + overhead
                 pieces += not (t0 == 0 and t1 == tiles[b])
             work = max(work, w)
-        return work + piece_cost * pieces
+        return work, pieces
 
-    prices = (price(balanced), price(uniform))
+    (bal_work, bal_pieces), (uni_work, uni_pieces) = busiest_and_pieces(balanced), busiest_and_pieces(uniform)
+    prices = (bal_work + piece_cost * bal_pieces, uni_work + piece_cost * uni_pieces)
     if kind is None:
         kind = int(not prices[0] < balanced_margin * prices[1])
     bounds = uniform if kind else balanced
+    busiest = uni_work if kind else bal_work
 
     def last_cta_at(b, t):
         return max(c for c in range(ctas) if bounds[c] <= (b, t))
@@ -280,4 +288,14 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
         requests.append((tiles[b], first, first_piece, last - first + 1))
         first_piece += last - first + 1
     shared = [b for b in range(batch) if requests[b][3] > 1]
-    return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared}
+    segments, cost_class = [], {}
+    for b, (n, first, _, pieces) in enumerate(requests):
+        for c in range(first, first + pieces):
+            t0 = bounds[c][1] if bounds[c][0] == b else 0
+            t1 = bounds[c + 1][1] if bounds[c + 1][0] == b else n
+            segments.append((b, c))
+            cost_class[b, c] = (t1 - t0 + overhead) * 256 // (busiest + 1)
+    if len(segments) <= SEGMENT_SORT_MAX:  # costliest class first, request order within one (stable)
+        segments.sort(key=lambda s: -cost_class[s])
+    return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared,
+            "segments": segments}

@@ -1,8 +1,8 @@
 """The balanced schedule on the GPU (MLADecodePlan.schedule, templates/mla/schedule.cuh): each CTA covers
-a run of (request, tile) that may span several requests or end inside one, so every request must come
-out exactly as the reference, whichever CTAs share it; NaN-poisoned pages, permuted block tables and
-NaN-prefilled outputs as everywhere. Skips where the build has no split variant of more than 32 heads
-(the 64-row path, which alone runs a balanced schedule)."""
+a run of (request, tile) that may span several requests or end inside one (on the transposed path each
+segment of a run is a CTA of its own), so every request must come out exactly as the reference,
+whichever CTAs share it; NaN-poisoned pages, permuted block tables and NaN-prefilled outputs as
+everywhere. Skips where the build has no bf16 split variant (most tests take the 64-row path's first)."""
 import pytest
 import torch
 
@@ -37,7 +37,7 @@ def _run(plan, case, seq_lens=None, **kw):
 LENGTHS = {
     "ragged": [529, 744, 1028, 1280, 7454, 1612, 2231, 2386, 2601, 4160, 3621, 3705, 4057, 64, 4194, 4380],
     "zeros_ones_long": [0, 1, 100_000, 0, 65, 1, 0, 4096, 3],
-    "one_long": [70_000],
+    "one_long": [70_000, 1],
     "many_short": [1 + (7 * i) % 200 for i in range(300)],
     "all_empty": [0, 0, 0],
 }
@@ -47,11 +47,16 @@ LENGTHS = {
 @pytest.mark.parametrize("q_len", [1, 2])
 def test_balanced_schedule_matches_reference(name, q_len):
     gen = torch.Generator().manual_seed(11)
+    lib = _binding.library()
     for heads, page in _keys():
         lens = LENGTHS[name]
-        case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
         plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(max(lens), 1), balanced=True)
-        assert plan.balanced and plan.default_overhead_tiles == SCHEDULE_OVERHEAD_TILES  # the 16-bit kernel's
+        # A transposed variant's 64-row second kernel (more than 32 rows a request) has no scheduled form.
+        assert plan.balanced == lib.facts[(heads, page, "bf16", True)].balances(heads * q_len)
+        if not plan.balanced:
+            continue
+        assert plan.default_overhead_tiles == SCHEDULE_OVERHEAD_TILES  # the 16-bit kernels'
+        case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen)
         out, lse = _run(plan, case)
         ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
                                                 case.softmax_scale)
@@ -195,10 +200,11 @@ def test_graph_at_one_batch_survives_a_schedule_for_another():
     assert not compare(out, lse, ref_out, ref_lse)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", list(range(6)) + ["4300"])
 def test_schedule_kernel_matches_the_python_model(seed):
     """The schedule buffer the kernel writes equals mla_variants.testing.reference_schedule (the cut the
-    kernel kept; a near-tie of the two prices may go either way in fp32)."""
+    kernel kept; a near-tie of the two prices may go either way in fp32); "4300": a batch whose segment
+    table is longer than the kernel sorts."""
     import random
 
     from mla_variants import default_num_kv_splits
@@ -209,7 +215,7 @@ def test_schedule_kernel_matches_the_python_model(seed):
         pytest.skip("no split variant of more than 32 heads (the 64-row path)")
     heads, page = _keys(1)[0]
     rng = random.Random(seed)
-    batch = rng.choice([1, 5, 32, 200])
+    batch = int(seed) if isinstance(seed, str) else rng.choice([2, 5, 32, 200])
     lens = [rng.choice([0, 1, 64, 65, rng.randrange(0, 20000), -3, 30000]) for _ in range(batch)]
     max_keys = 20000
     plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys, balanced=True)
@@ -225,10 +231,89 @@ def test_schedule_kernel_matches_the_python_model(seed):
     assert [tuple(got[2 * (g + 1) + 4 * b:2 * (g + 1) + 4 * b + 4]) for b in range(batch)] == ref["requests"]
     shared_at = _binding.library().cdll.mla_variants_schedule_kind_offset(batch, g) + 1
     assert got[shared_at:shared_at + 1 + got[shared_at]] == [len(ref["shared"])] + ref["shared"]
+    seg_at = shared_at + 1 + g  # schedule.cuh: the segment table follows the combine's list
+    assert got[seg_at] == len(ref["segments"])
+    assert [tuple(got[seg_at + 1 + 2 * k:seg_at + 3 + 2 * k]) for k in range(got[seg_at])] == ref["segments"]
     bal, uni = ref["prices"]
     if abs(bal - margin * uni) > 1e-3 * uni:
         assert kind == int(not bal < margin * uni)
     assert plan.scheduled_cut() == ("uniform" if kind else "balanced")
+
+
+def _st_keys(dtype):
+    """(heads, page) of the build's transposed split variants of this dtype (at most 32 heads)."""
+    lib = _binding.library()
+    return sorted({(k[0], k[1]) for k in lib.table if k[2] == dtype and k[3] and k[0] <= 32
+                   and lib.facts[k].balanced_schedule}, key=lambda k: (k[1] not in (1, 64), k))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+def test_transposed_balanced_plans_match_reference(dtype, q_len):
+    """The transposed path (at most 32 heads) on the balanced schedule, one CTA per segment: the ragged
+    mix, zero and one-key requests, one request longer than the rest together, and more segments than
+    the GPU has SMs; exact and fp8 caches; q_len 1-4 where the launch's rows stay transposed."""
+    from mla_variants.fp8 import FP8_DTYPE
+    from mla_variants.testing import FP8_TOLERANCE
+    keys = _st_keys(dtype)
+    if not keys:
+        pytest.skip(f"no transposed {dtype} split variant in this build")
+    lib = _binding.library()
+    gen = torch.Generator().manual_seed(17)
+    ran = 0
+    for heads, page in keys[:4]:
+        for lens in (LENGTHS["ragged"] + LENGTHS["zeros_ones_long"], LENGTHS["many_short"]):
+            fp8 = dtype == "fp8_e4m3"
+            plan = MLADecodePlan(len(lens), heads, page, q_len=q_len, max_seq_len=max(lens), balanced=True,
+                                 kv_dtype=FP8_DTYPE if fp8 else None)
+            assert plan.balanced == lib.facts[(heads, page, dtype, True)].balances(heads * q_len)
+            if not plan.balanced:
+                continue
+            case = make_paged_case(lens, heads, page, q_len=q_len, generator=gen, k_scale=0.0625 if fp8 else None,
+                                   **({"dtype": FP8_DTYPE} if fp8 else {}))
+            kw = {"k_scale": case.k_scale} if fp8 else {}
+            b, ql, h = case.q.shape[:3]
+            out = torch.full((b, ql, h, 512), float("nan"), dtype=case.q.dtype, device="cuda")
+            lse = torch.full((b, h, ql), float("nan"), device="cuda")
+            assert plan.schedule(case.seq_lens, max_seq_len=case.block_table.shape[1] * page)
+            plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale, out=out, lse=lse, **kw)
+            torch.cuda.synchronize()
+            ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                                    case.softmax_scale, **kw)
+            problems = compare(out, lse, ref_out, ref_lse, **(FP8_TOLERANCE if fp8 else {}))
+            assert not problems, f"h{heads} p{page} {dtype} q_len {q_len} batch {len(lens)}: {problems}"
+            ran += 1
+    if not ran:
+        pytest.skip(f"no transposed {dtype} variant balances {q_len} query tokens a request")
+
+
+def test_one_request_keeps_the_uniform_split():
+    """schedule() for one request runs no kernel: run and a bound step take the uniform split (the plan's
+    split count for one request), bit for bit mla_decode's with that count; scheduled_cut says so."""
+    from mla_variants import mla_decode
+    if not _keys():
+        pytest.skip("no bf16 split variant in this build")
+    for heads, page in [_keys(1)[0]] + _st_keys("bf16")[:1]:
+        case = make_paged_case([5000], heads, page, generator=torch.Generator().manual_seed(21))
+        plan = MLADecodePlan(8, heads, page, max_seq_len=8192, balanced=True)
+        assert plan.schedule(case.seq_lens) and plan.scheduled_cut() == "uniform"
+        assert plan._schedules[1] is None
+        out, lse = plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                            out=torch.full((1, 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda"),
+                            lse=torch.full((1, heads, 1), float("nan"), device="cuda"))
+        want_out, want_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                        num_kv_splits=plan._one_request_splits, max_seq_len=8192)
+        assert plan._one_request_splits > 1
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"h{heads} p{page}"
+        step = plan.bind(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                         out=torch.full_like(out, float("nan")), lse=torch.full_like(lse, float("nan")))
+        bound_out, bound_lse = step()
+        assert torch.equal(bound_out, want_out) and torch.equal(bound_lse, want_lse), f"h{heads} p{page} bound"
+        with pytest.raises(MLAInputError, match="seq_lens: expected the batch of the last"):
+            two = make_paged_case([10, 20], heads, page)
+            plan.run(two.q, two.kv_cache, two.block_table, two.seq_lens, two.softmax_scale,
+                     out=torch.empty(2, 1, heads, 512, dtype=two.q.dtype, device="cuda"),
+                     lse=torch.empty(2, heads, 1, device="cuda"))
 
 
 def test_bound_step_follows_the_schedule():

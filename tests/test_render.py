@@ -79,12 +79,12 @@ def test_the_manifest_records_each_variants_path_facts(tmp_path):
 
 
 @pytest.mark.parametrize("variant,rows,second,max_keys,tma,second_tma,balanced", [
-    (Variant(8, 1, "bf16", True), 8, "rows64", 0, False, False, False),
-    (Variant(16, 64, "fp8_e4m3", True), 16, None, 0, False, False, False),
-    (Variant(16, 64, "bf16", True), 16, "rows64", 0, False, True, False),
-    (Variant(32, 64, "bf16", True), 32, "rows64", 960, False, True, False),
+    (Variant(8, 1, "bf16", True), 8, "rows64", 0, False, False, True),
+    (Variant(16, 64, "fp8_e4m3", True), 16, None, 0, False, False, True),
+    (Variant(16, 64, "bf16", True), 16, "rows64", 0, False, True, True),
+    (Variant(32, 64, "bf16", True), 32, "rows64", 960, False, True, True),
     (Variant(17, 1, "fp16", False), 32, "rows64", 960, False, False, False),
-    (Variant(32, 64, "fp8_e4m3", True), 32, None, 0, False, False, False),
+    (Variant(32, 64, "fp8_e4m3", True), 32, None, 0, False, False, True),
     (Variant(64, 64, "fp8_e4m3", True), 64, "short_split", 128, True, False, False),
     (Variant(64, 64, "fp8_e4m3", False), 64, None, 0, True, False, False),
     (Variant(128, 16, "bf16", True), 64, None, 0, False, False, True),
@@ -94,6 +94,18 @@ def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
     f = variant.facts
     assert (f.rows_per_cta, f.second_kernel, f.second_max_split_keys, f.tma, f.second_tma, f.balanced_schedule) == (
         rows, second, max_keys, tma, second_tma, balanced)
+
+
+@pytest.mark.parametrize("heads, dtype, q_len, balances", [
+    (16, "bf16", 1, True), (16, "bf16", 2, True), (16, "bf16", 3, False), (32, "fp16", 1, True),
+    (32, "bf16", 2, False), (16, "fp8_e4m3", 4, True), (32, "fp8_e4m3", 2, True), (64, "fp8_e4m3", 1, False),
+    (128, "bf16", 4, True), (128, "fp8_e4m3_fast", 2, True),
+])
+def test_balanced_schedule_needs_a_scheduled_kernel_for_the_launchs_rows(heads, dtype, q_len, balances):
+    """PathFacts.balances: a transposed 16-bit variant whose request rows exceed 32 runs its 64-row second
+    kernel, which has no scheduled form; exact fp8 on the 64-row path has none either."""
+    assert Variant(heads, 64, dtype, True).facts.balances(heads * q_len) == balances
+    assert not Variant(heads, 64, dtype, False).facts.balances(heads * q_len)
 
 
 @pytest.mark.parametrize("heads, dtype, q_rows, rows", [

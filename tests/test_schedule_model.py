@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_variants.testing import _segments, reference_schedule as _reference_schedule
+from mla_variants.testing import SEGMENT_SORT_MAX, _segments, reference_schedule as _reference_schedule
 
 _CONFIG = (Path(__file__).resolve().parents[1] / "templates" / "mla" / "config.cuh").read_text()
 # The cost model as the kernels compile it (config.cuh's policy values; the GPU test reads the library's).
@@ -51,6 +51,20 @@ def _check_invariants(seq_lens, max_keys, ctas, overhead, splits, kind=None):
     assert [r[2] for r in reqs] == [sum(r[3] for r in reqs[:b]) for b in range(batch)]
     # The combine's list fits the layout's ctas slots: each shared request lies across an inner bound.
     assert sch["shared"] == [b for b in range(batch) if reqs[b][3] > 1] and len(sch["shared"]) <= ctas - 1
+    # The transposed path's CTAs: every (request, CTA) segment exactly once, within the layout's
+    # batch + ctas entries, costliest first (by 256 classes of the busiest CTA's price), then in request
+    # order; no segment costs more than the busiest CTA.
+    segs = sch["segments"]
+    assert sorted(segs) == sorted((b, c) for c in range(ctas) for b, _, _ in _segments(bounds, tiles, c))
+    assert len(segs) == len(set(segs)) == sum(r[3] for r in reqs) <= batch + ctas - 1
+
+    def cost(b, c):
+        t0, t1 = next((t0, t1) for bb, t0, t1 in _segments(bounds, tiles, c) if bb == b)
+        return t1 - t0 + overhead
+    busiest = max(sum(t1 - t0 + overhead for _, t0, t1 in _segments(bounds, tiles, c)) for c in range(ctas))
+    assert all(cost(*s) <= busiest for s in segs)
+    keys = [(-(cost(*s) * 256 // (busiest + 1)), s) for s in segs]
+    assert keys == sorted(keys) if len(segs) <= SEGMENT_SORT_MAX else segs == sorted(segs)
     return sch
 
 
@@ -98,3 +112,10 @@ def test_cost_model_keeps_the_measured_faster_cut():
     assert reference_schedule(ragged, 8192, 66, 3, 2)["kind"] == 0
     assert reference_schedule([1024] * 128, 1024, 66, 3, 1)["kind"] == 1
     assert reference_schedule([16384], 16384, 132, 3, 64)["kind"] == 1  # 64 heads, batch 1: finer cut lost
+
+
+def test_segment_table_beyond_the_sort_stays_in_request_order():
+    """More segments than the schedule kernel sorts (kSegmentSortItems x kScheduleThreads): request order."""
+    lens = [1 + (37 * i) % 900 for i in range(SEGMENT_SORT_MAX + 50)]
+    sch = _check_invariants(lens, 1000, 8, 3, 1)
+    assert len(sch["segments"]) > SEGMENT_SORT_MAX

@@ -192,7 +192,7 @@ struct VariantTraits {
   static constexpr bool kTma = kTmaPages<Cache, PAGE_SIZE, kRows>;
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;
-  static constexpr bool kBalanced = SPLIT && (kFast || kSchedulable<Cache, NUM_HEADS>);
+  static constexpr bool kBalanced = SPLIT && (kFast || kSchedulable<Cache, NUM_HEADS> || kUseSt<NUM_HEADS, kFp8>);
 };
 
 // The facts codegen renders for one variant (codegen/variant.py PathFacts, in this order).

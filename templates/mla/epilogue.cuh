@@ -193,14 +193,14 @@ __device__ __forceinline__ void store_rows_staged(const DecodeParams& p, char* s
 }
 
 // One query row's share of a thread on the transposed path (8 values from d0 on, lo and hi, times
-// inv_sum): to the workspace row of (split, b, qi, h) with its lse (kToWs; P the partials' type),
-// else to out and lse.
+// inv_sum): to the workspace row of (qi, h) in the piece whose (query 0, head 0) row is piece_row, with
+// its lse (kToWs; P the partials' type), else to out and lse.
 template <class Out, class P, bool kToWs>
-__device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int split, int qi, int h, QueryRow q, int d0,
-                                             float4 lo, float4 hi, float inv_sum, float lse) {
+__device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int64_t piece_row, int qi, int h, QueryRow q,
+                                             int d0, float4 lo, float4 hi, float inv_sum, float lse) {
   if constexpr (kToWs) {
     const SplitWorkspace<P> ws = split_workspace<P>(a);
-    const int64_t ws_row = ((int64_t(split) * a.batch + b) * a.q_len + qi) * a.num_heads + h;
+    const int64_t ws_row = piece_row + int64_t(qi) * a.num_heads + h;
     store_partial8(ws.o + ws_row * kHeadDimV + d0,
                    make_float4(lo.x * inv_sum, lo.y * inv_sum, lo.z * inv_sum, lo.w * inv_sum),
                    make_float4(hi.x * inv_sum, hi.y * inv_sum, hi.z * inv_sum, hi.w * inv_sum));
@@ -227,7 +227,7 @@ __device__ __forceinline__ void store_st_row(const MlaDecodeArgs& a, int b, int 
 // Each row's v_scale / l and lse come from s.row_out, where merge_st's idle warpgroup 0 put them
 // (kRowOutInMerge), or on the fp8 register path, where this function's first step puts them.
 template <class Out, int NUM_HEADS, bool kToWs, class Storage>
-__device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, Storage& s, int b, int split,
+__device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, Storage& s, int b, int64_t piece_row,
                                                  int m_block, int tid, float v_scale, bool bad_len) {
   constexpr int kRows = Storage::kRowsPerCta;
   // Where merge_st left no row_out, one thread per row works it out here first.
@@ -251,16 +251,16 @@ __device__ __forceinline__ void store_rows_st_to(const DecodeParams& p, Storage&
     const float inv_sum = s.row_out[0][n], lse = s.row_out[1][n];
     const float4* src = reinterpret_cast<const float4*>(&s.o_x[n * kOxStride + d0]);
     float4 lo = src[swap ? 1 : 0], hi = src[swap ? 0 : 1];
-    store_st_row<Out, Partial<Out, NUM_HEADS>, kToWs>(a, b, split, qi, h, q, int(d0), lo, hi, inv_sum, lse);
+    store_st_row<Out, Partial<Out, NUM_HEADS>, kToWs>(a, piece_row, qi, h, q, int(d0), lo, hi, inv_sum, lse);
   }
 }
 template <class Out, int NUM_HEADS, bool SPLIT, class Storage>
-__device__ __forceinline__ void store_rows_st(const DecodeParams& p, Storage& s, int b, int split, int m_block,
+__device__ __forceinline__ void store_rows_st(const DecodeParams& p, Storage& s, int b, int64_t piece_row, int m_block,
                                               int tid, float v_scale, bool bad_len) {
-  if (SPLIT && p.a.num_kv_splits > 1) {  // a split variant run with one split writes out directly
-    store_rows_st_to<Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+  if (SPLIT && piece_row >= 0) {  // piece_row -1: out directly
+    store_rows_st_to<Out, NUM_HEADS, SPLIT>(p, s, b, piece_row, m_block, tid, v_scale, bad_len);
   } else {
-    store_rows_st_to<Out, NUM_HEADS, false>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    store_rows_st_to<Out, NUM_HEADS, false>(p, s, b, piece_row, m_block, tid, v_scale, bad_len);
   }
 }
 

@@ -17,7 +17,8 @@
 //   64-row, fp8              produce_fp8 (producer_fp8.cuh) the same, widened slots   store_rows
 //   transposed, 16-bit       produce                        consume_st (consumer_st.cuh), merge_st   store_rows_st
 //   transposed, fp8          produce_fp8_ring               consume_st_regs (consumer_st_fp8.cuh), merge_st
-//   balanced schedule        produce_scheduled / consume_scheduled (scheduled.cuh), 64-row 16-bit only
+//   balanced schedule        produce_scheduled / consume_scheduled (scheduled.cuh) on the 64-row 16-bit path;
+//                            the transposed path runs one segment per CTA (sched_st_work) through its own code
 // Shared memory per path: layouts.cuh; named barriers: arch.cuh; the launch: launch.cuh.
 // Rows are ordered qi * NUM_HEADS + h; rows with h >= num_heads or qi >= q_len are padding (Q zero,
 // never stored).
@@ -88,7 +89,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
 
   const MlaDecodeArgs& a = p.a;
   // The scheduled instantiation walks the schedule's segments instead of one (request, split) per CTA.
-  static_assert(!SCHED || (kSchedulable<Cache, NUM_HEADS> && SPLIT && !kSt), "the scheduled kernel: split variants of the 64-row 16-bit path");
+  static_assert(!SCHED || (SPLIT && (kSt || kSchedulable<Cache, NUM_HEADS>)),
+                "the scheduled kernel: split variants of the 64-row 16-bit path or of the transposed path");
+  // A transposed scheduled CTA runs one segment of the schedule's table, or nothing past its end.
+  if constexpr (SCHED && kSt) {
+    if (!sched_st_has_segment(p)) return;
+  }
   // The producer threads issue their Q copies first in the uniform 16-bit kernels, before the seq_lens
   // load and the barrier set-up (Q's address does not depend on seq_len), and a math thread initialises
   // the barriers. The fp8 producers (produce_fp8, produce_fp8_ring) issue Q themselves; a scheduled CTA
@@ -106,7 +112,11 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
   CtaWork w0{};
-  if constexpr (!SCHED) w0 = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  if constexpr (!SCHED) {
+    w0 = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  } else if constexpr (kSt) {
+    w0 = sched_st_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  }
 
   if (threadIdx.x == (kQFirst ? kProducerThreads : 0)) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
@@ -131,7 +141,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
 
   if (threadIdx.x < kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Storage::kProducerRegsUsed>();
-    if constexpr (SCHED) {
+    if constexpr (SCHED && !kSt) {
       produce_scheduled<Cache, NUM_HEADS, PAGE_SIZE>(p, s, kv_map_of<Cache, PAGE_SIZE, ROWS, SHORT>(p));
       return;
     }
@@ -156,11 +166,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Storage::kMathRegsUsed>();
-  if constexpr (SCHED) {
+  if constexpr (SCHED && !kSt) {
     consume_scheduled<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, s);
     return;
   }
-  const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);  // hides behind the wait for Q
+  // hides behind the wait for Q
+  const CtaWork w = SCHED ? sched_st_work<NUM_HEADS, PAGE_SIZE, ROWS>(p) : cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
             num_tiles = w.num_tiles;
   const bool bad_len = w.bad_len;
@@ -236,7 +247,12 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
     merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceMerged);
-    store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, split, m_block, tid, v_scale, bad_len);
+    // The workspace piece's (query 0, head 0) row, or -1: out directly (a request one scheduled CTA
+    // covers, or a split variant run with one split).
+    const int64_t piece_row = SCHED ? (split < 0 ? -1 : int64_t(split) * a.q_len * a.num_heads)
+                              : SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads
+                                                             : -1;
+    store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, piece_row, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);
     allow_dependent_launch<SPLIT>();
     return;

@@ -48,13 +48,14 @@ inline int64_t max_split_keys(const MlaDecodeArgs& a, int page_size) {
 
 // Launches the transposed kernel of ROWS rows per CTA when rows == ROWS, else the next larger one (up
 // to kStMaxRows): the row blocks a transposed variant has (config.cuh rows_for).
-template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, int ROWS>
+// SCHED: the balanced schedule's instantiation (one segment per CTA on this path).
+template <class Cache, int NUM_HEADS, int PAGE_SIZE, bool SPLIT, int ROWS, bool SCHED = false>
 cudaError_t launch_st_rows(int rows, const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (ROWS < kStMaxRows) {
-    if (rows > ROWS) return launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, 2 * ROWS>(rows, p, grid, stream);
+    if (rows > ROWS) return launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, 2 * ROWS, SCHED>(rows, p, grid, stream);
   }
   return launch_decode_kernel<KernelStorage<Cache, ROWS>>(
-      mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, false, false, ROWS>, p, grid, stream);
+      mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, SCHED, false, ROWS>, p, grid, stream);
 }
 
 // The combine after a split decode grid (combine.cuh): a warp per row for 2-8 splits, a warp per 128
@@ -130,8 +131,8 @@ int launch(const MlaDecodeArgs* args) {
     return int(cudaErrorInvalidValue);
   }
   if (a.batch == 0) return int(cudaSuccess);
-  // A balanced schedule (schedule.cuh) runs on split variants of the 64-row path with 16-bit caches and
-  // on fast-mode split variants (VariantTraits::kBalanced).
+  // A balanced schedule (schedule.cuh) runs on split variants of the 64-row path with 16-bit caches, of
+  // the transposed path, and on fast-mode split variants (VariantTraits::kBalanced).
   const bool scheduled = a.schedule != nullptr;
   if (scheduled && (!Facts::kBalanced || a.sched_ctas < 1 ||
                     reinterpret_cast<uintptr_t>(a.schedule) % 8 != 0)) {
@@ -170,7 +171,12 @@ int launch(const MlaDecodeArgs* args) {
     if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
     if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
   }
-  const int64_t grid_x = int64_t(p.num_m_blocks) * (scheduled ? a.sched_ctas : a.batch);
+  // A scheduled launch of the transposed path runs one CTA per segment of the schedule (at most
+  // batch + sched_ctas - 1; schedule.cuh), the 64-row and fast kernels one CTA per run.
+  constexpr bool kStPath = !CacheTypes<Cache>::kFast && Facts::kRows < kBlockM;
+  if (scheduled && second) return int(cudaErrorInvalidValue);  // the 64-row second kernel has no scheduled form
+  const int64_t grid_x =
+      int64_t(p.num_m_blocks) * (!scheduled ? a.batch : kStPath ? int64_t(a.batch) + a.sched_ctas : a.sched_ctas);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
@@ -200,7 +206,15 @@ int launch(const MlaDecodeArgs* args) {
     }
     err = launch_decode_kernel<fast::Storage>(kernel, p, grid, stream);
   } else if constexpr (Facts::kMaxRows > Facts::kRows) {
-    err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+    if constexpr (Facts::kBalanced) {
+      if (scheduled) {
+        err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows, true>(rows, p, grid, stream);
+      } else {
+        err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+      }
+    } else {
+      err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
+    }
   } else {
     auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
     if constexpr (Facts::kBalanced) {

@@ -2,6 +2,7 @@
 // the schedule is and its layout.
 #include <cuda_runtime.h>
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -57,11 +58,13 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
                                                                         int uniform_splits, int32_t* out) {
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
   using Reduce = cub::BlockReduce<int64_t, kScheduleThreads>;
+  using Sort = cub::BlockRadixSort<uint32_t, kScheduleThreads, kSegmentSortItems, uint64_t>;
   __shared__ union {
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
+    typename Sort::TempStorage sort;
   } temp;
-  __shared__ int64_t carry, carry_shared;
+  __shared__ int64_t carry, carry_shared, busiest;
   __shared__ int use_alt;
   int32_t* bounds = out;
   int32_t* req = out + 2 * (int64_t(ctas) + 1);
@@ -133,6 +136,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     const float bal_price = float(bal.max_work) + kPieceCost * float(bal.pieces);
     const float uni_price = float(uni.max_work) + kPieceCost * float(uni.pieces);
     use_alt = !(bal_price < kBalancedMargin * uni_price);
+    busiest = use_alt ? uni.max_work : bal.max_work;
     out[schedule_kind_offset(batch, ctas)] = use_alt;
   }
   __syncthreads();
@@ -153,6 +157,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     }
     return lo;
   };
+  int32_t* segments = out + schedule_segments_offset(batch, ctas);
   int32_t* shared_list = out + schedule_shared_offset(batch, ctas);
   if (threadIdx.x == 0) carry = carry_shared = 0;
   __syncthreads();
@@ -169,7 +174,13 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     }
     int64_t excl, sum;
     Scan(temp.scan).ExclusiveSum(pieces, excl, sum);
-    if (b < batch) req[4 * b + kReqFirstPiece] = int(carry + excl);
+    if (b < batch) {
+      req[4 * b + kReqFirstPiece] = int(carry + excl);
+      for (int j = 0; j < pieces; ++j) {  // the segment table in request order, sorted in (4)
+        segments[1 + 2 * (carry + excl + j)] = b;
+        segments[2 + 2 * (carry + excl + j)] = req[4 * b + kReqFirstCta] + j;
+      }
+    }
     const int64_t piece_sum = sum;
     __syncthreads();
     const int64_t is_shared = pieces > 1;
@@ -183,6 +194,41 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     __syncthreads();
   }
   if (threadIdx.x == 0) shared_list[0] = int(carry_shared);
+
+  // (4) the segment table, longest first: a stable sort of the request-order table by each segment's
+  // cost class, 255 - floor(256 cost / (busiest + 1)) for cost = its tiles + overhead (the hardware
+  // starts CTAs in this order, so the short ones fill in behind the long ones: longest processing time
+  // first). Tables of more than kSegmentSortItems * kScheduleThreads segments stay in request order.
+  const int64_t num_segments = carry;
+  __syncthreads();  // the request-order table and req[] as every thread wrote them
+  if (num_segments <= int64_t(kSegmentSortItems) * kScheduleThreads) {
+    uint32_t key[kSegmentSortItems];
+    uint64_t seg[kSegmentSortItems];
+    #pragma unroll
+    for (int j = 0; j < kSegmentSortItems; ++j) {
+      const int64_t i = int64_t(threadIdx.x) * kSegmentSortItems + j;  // blocked: the stable order is i's
+      key[j] = 255u;
+      seg[j] = 0;
+      if (i < num_segments) {
+        const int b = segments[1 + 2 * i], c = segments[2 + 2 * i];
+        const int t0 = bounds[2 * c] == b ? bounds[2 * c + 1] : 0;
+        const int t1 = bounds[2 * c + 2] == b ? bounds[2 * c + 3] : req[4 * b + kReqTiles];
+        key[j] = 255u - uint32_t((int64_t(t1 - t0) + overhead) * 256 / (busiest + 1));
+        seg[j] = (uint64_t(uint32_t(b)) << 32) | uint32_t(c);
+      }
+    }
+    __syncthreads();
+    Sort(temp.sort).Sort(key, seg, 0, 8);
+    #pragma unroll
+    for (int j = 0; j < kSegmentSortItems; ++j) {
+      const int64_t i = int64_t(threadIdx.x) * kSegmentSortItems + j;
+      if (i < num_segments) {
+        segments[1 + 2 * i] = int32_t(seg[j] >> 32);
+        segments[2 + 2 * i] = int32_t(seg[j] & 0xffffffffu);
+      }
+    }
+  }
+  if (threadIdx.x == 0) segments[0] = int(num_segments);
 }
 
 }  // namespace mla

@@ -24,6 +24,12 @@
 //   shared [1 + G]        the number of requests with more than one piece, then those requests in order
 //                         (at most G - 1: each lies across one of the G - 1 inner bounds). The combine
 //                         walks this list, so a batch of unshared requests costs it one small wave.
+//   segments [1 + 2 (batch + G)]  the number of segments (request pieces, one per CTA they touch, at
+//                         most batch + G - 1), then (request, CTA) per segment: the transposed path runs
+//                         each segment as a CTA of its own (kernel.cuh sched_st_work) instead of walking
+//                         a run, the costliest first (tables of up to 4096 segments; by cost class, 256
+//                         classes of the busiest run's price, request order within a class), so the
+//                         hardware hands the short ones to the SMs that finish first.
 // The kernel builds two cuts and keeps the one its cost model prices lower: the balanced cut above,
 // and the uniform-equivalent cut, which gives each CTA k consecutive (request, split) pieces of the
 // uniform split into S splits (k = ceil(batch S / G); the uniform launch's work when batch S <= G).
@@ -43,6 +49,7 @@
 namespace mla {
 
 constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts and their prices do not spill
+constexpr int kSegmentSortItems = 8;  // segments a thread sorts: tables of up to 4096 go longest first
 
 
 // Offsets (in int32) of the layout's parts.
@@ -59,8 +66,11 @@ __host__ __device__ __forceinline__ int64_t schedule_kind_offset(int batch, int 
 __host__ __device__ __forceinline__ int64_t schedule_shared_offset(int batch, int ctas) {
   return schedule_kind_offset(batch, ctas) + 1;
 }
-__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
+__host__ __device__ __forceinline__ int64_t schedule_segments_offset(int batch, int ctas) {
   return schedule_shared_offset(batch, ctas) + 1 + ctas;
+}
+__host__ __device__ __forceinline__ int64_t schedule_ints(int batch, int ctas) {
+  return schedule_segments_offset(batch, ctas) + 1 + 2 * (int64_t(batch) + ctas);
 }
 
 struct ScheduleView {

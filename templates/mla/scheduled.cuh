@@ -2,7 +2,8 @@
 // schedule.cu the kernel that makes it): a scheduled CTA covers the (request, tile) range [B_c, B_c+1),
 // one segment per request it touches. The 64-row path of 16-bit caches takes it (kSchedulable; this
 // file's produce_scheduled / consume_scheduled), and so does the fp8 fast kernel (fp8_fast.cuh, with its
-// own producer and math warpgroups over the same walk, for_each_segment).
+// own producer and math warpgroups over the same walk, for_each_segment). The transposed path instead
+// launches one CTA per segment (sched_st_work), so its kernels keep their one-range loop.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -29,11 +30,11 @@ __device__ __forceinline__ void sched_cta(const DecodeParams& p, int& c, int& m_
 // Whether the scheduled CTA's row block holds no placed row of request b (params.cuh row_block_empty).
 // Not inlined: inlined into the producer (40 registers) its loads push the producer's cp.async
 // addresses to local memory.
-template <int NUM_HEADS>
+template <int NUM_HEADS, int ROWS = kBlockM>
 __device__ __noinline__ bool sched_rows_empty(const DecodeParams& p, int b) {
   int c, m_block;
   sched_cta(p, c, m_block);
-  return row_block_empty<NUM_HEADS, kBlockM>(p.a, b, m_block);
+  return row_block_empty<NUM_HEADS, ROWS>(p.a, b, m_block);
 }
 
 // The segment of request b from tile t in CTA c, whose range ends at (end_b, end_t). CtaWork.split is
@@ -41,7 +42,7 @@ __device__ __noinline__ bool sched_rows_empty(const DecodeParams& p, int b) {
 // whose tile count differs from the one it was scheduled with (the schedule was made for other
 // seq_lens) gets no tiles and NaN rows, like a seq_len the block table cannot address; a row block
 // without a placed row (row_block_empty) gets no tiles.
-template <int NUM_HEADS, int PAGE_SIZE>
+template <int NUM_HEADS, int PAGE_SIZE, int ROWS = kBlockM>
 __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, int m_block, int b, int t, int end_b,
                                                  int end_t) {
   const MlaDecodeArgs& a = p.a;
@@ -57,9 +58,33 @@ __device__ __forceinline__ CtaWork sched_segment(const DecodeParams& p, int c, i
   const int t1 = b == end_b ? end_t : sched_tiles;
   w.kv_begin = w.bad_len ? 0 : t * kBlockN;
   w.kv_end = w.bad_len ? 0 : int(min(int64_t(w.seq_len), int64_t(t1) * kBlockN));  // t1 * 64 may reach 2^31
-  w.num_tiles = w.bad_len || sched_rows_empty<NUM_HEADS>(p, b) ? 0 : t1 - t;
+  w.num_tiles = w.bad_len || sched_rows_empty<NUM_HEADS, ROWS>(p, b) ? 0 : t1 - t;
   w.split = r[kReqPieces] == 1 ? -1 : r[kReqFirstPiece] + (c - r[kReqFirstCta]);
   return w;
+}
+
+// The transposed path runs each segment as a CTA of its own (grid x = m_block + num_m_blocks * k for
+// entry k of the schedule's segment table; k past the table's count: no work, sched_st_has_segment).
+__device__ __forceinline__ int sched_st_segment_index(const DecodeParams& p, int& m_block) {
+  uint32_t cx;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cx));
+  m_block = int(cx) % p.num_m_blocks;
+  return int(cx) / p.num_m_blocks;
+}
+__device__ __forceinline__ bool sched_st_has_segment(const DecodeParams& p) {
+  int m_block;
+  const int k = sched_st_segment_index(p, m_block);
+  return k < p.a.schedule[schedule_segments_offset(p.a.batch, p.a.sched_ctas)];
+}
+template <int NUM_HEADS, int PAGE_SIZE, int ROWS>
+__device__ __forceinline__ CtaWork sched_st_work(const DecodeParams& p) {
+  int m_block;
+  const int k = sched_st_segment_index(p, m_block);
+  const int32_t* seg = p.a.schedule + schedule_segments_offset(p.a.batch, p.a.sched_ctas) + 1 + 2 * k;
+  const int b = seg[0], c = seg[1];
+  const ScheduleView sv{p.a.schedule, p.a.sched_ctas};
+  const int t = sv.bound_req(c) == b ? sv.bound_tile(c) : 0;
+  return sched_segment<NUM_HEADS, PAGE_SIZE, ROWS>(p, c, m_block, b, t, sv.bound_req(c + 1), sv.bound_tile(c + 1));
 }
 
 // Whether the cursor (b, t) is still before the CTA's end bound (lexicographic order).
