@@ -434,6 +434,15 @@ def balanced_call(inputs: dict, out: torch.Tensor, lse: torch.Tensor, num_kv_spl
     return call, plan, (schedule if schedule() else None)
 
 
+def schedule_label(plan: MLADecodePlan):
+    """What a scheduled plan's step launches, for the results' num_kv_splits field: "b66" / "u66" (the
+    balanced or the uniform-equivalent cut on 66 CTAs a row block), or the split count of a one-request
+    step, which keeps the uniform split (MLADecodePlan.schedule)."""
+    if plan._schedules[plan._sched_batch] is None:
+        return plan._one_request_splits
+    return f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
+
+
 def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen: torch.Generator):
     """--code-warm: a call that runs the same kernels as the case (same heads, page size, dtype and
     split count, so the same decode, combine and head-group launches) on a separate one-request case
@@ -489,7 +498,7 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     if args.balanced:  # the serving path: MLADecodePlan.run after MLADecodePlan.schedule
         call, plan, schedule = balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
         if schedule is not None:
-            row["num_kv_splits"] = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"  # b66: balanced, u66: uniform cut
+            row["num_kv_splits"] = schedule_label(plan)
             row["schedule_us"] = time_cold(schedule, flush, args.reps, args.warmup)
     if args.check:
         call()

@@ -243,8 +243,13 @@ def main(argv=None) -> int:
             if schedule is None:
                 print(f"{name}: skipped (the balanced schedule does not serve this case)")
                 continue
-            splits = f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
-            grid_x, grid_y = m_blocks * plan.sched_ctas, 1
+            splits = bench.schedule_label(plan)
+            if isinstance(splits, int):  # one request: the uniform split
+                grid_x, grid_y = m_blocks * batch, splits
+            elif plan._sched_launches[0].facts.rows_per_cta < 64:  # transposed: one CTA per segment
+                grid_x, grid_y = m_blocks * (batch + plan.sched_ctas), 1
+            else:
+                grid_x, grid_y = m_blocks * plan.sched_ctas, 1
 
         if grid_x * grid_y > trace_buf.capacity:
             print(f"{name}: note: {grid_x * grid_y} CTAs, only the first {trace_buf.capacity} stamp", file=sys.stderr)

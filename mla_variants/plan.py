@@ -13,7 +13,7 @@ import torch
 
 import struct
 
-from codegen.variant import FP8_FAST, PathFacts, call_dtype
+from codegen.variant import FP8_FAST, ST_MAX_HEADS, PathFacts, call_dtype
 
 from . import _binding
 from .api import choose_launches, workspace_size
@@ -54,8 +54,10 @@ class MLADecodePlan:
         plan allocates one now.
       balanced: allow the balanced schedule (:meth:`schedule`; opt-in, max_batch <= 2**20). Such a plan's
         workspace_bytes also holds max_batch + sched_ctas partial results per row (:attr:`balanced` is
-        False, and nothing grows, when the plan cannot balance: 32 heads or fewer, an fp8 cache in
-        fp8_mode="exact", several head groups, no split variant).
+        False, and nothing grows, when the plan cannot balance: an fp8 cache in fp8_mode="exact" above 32
+        heads, a 16-bit cache at 32 heads or fewer with more than 32 query rows a request (q_len x
+        num_heads: the 64-row kernel of such variants has no scheduled form), several head groups, no
+        split variant).
 
     Attributes: num_kv_splits (chosen once), launches (the variants and head groups every step runs),
     workspace and workspace_bytes (its size: :func:`mla_variants.workspace_size` for max_batch, or for a
@@ -116,8 +118,11 @@ class MLADecodePlan:
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
         self._schedules: dict[int, torch.Tensor] = {}
-        if balanced and PathFacts.of(num_heads, page_size, call_dtype(shape.key_dtype, num_heads),
-                                     True).balances(num_heads * q_len):
+        # A quick test before any lookup (which may JIT-build): the call's own head count, or a 64-row
+        # variant that masks it (MLA_VARIANTS_JIT=0); the launched variant's facts decide below.
+        call_key = call_dtype(shape.key_dtype, num_heads)
+        if balanced and (PathFacts.of(num_heads, page_size, call_key, True).balances(num_heads * q_len)
+                         or PathFacts.of(ST_MAX_HEADS + 1, page_size, call_key, True).balanced_schedule):
             try:
                 sl = _binding.library().plan(num_heads, page_size, shape.key_dtype, True)
             except VariantNotCompiledError:
@@ -146,9 +151,10 @@ class MLADecodePlan:
 
     @property
     def balanced(self) -> bool:
-        """Whether :meth:`schedule` applies to this plan: made with balanced=True, one split variant of more
-        than 32 heads (the 64-row kernel path) with a 16-bit cache, or with an fp8 cache in fp8_mode="fast"
-        (the fast kernel's own scheduled instantiation; exact mode has none)."""
+        """Whether :meth:`schedule` applies to this plan: made with balanced=True and one split variant whose
+        launch has a scheduled form: the 64-row path with a 16-bit cache, the transposed path (at most 32
+        heads and 32 query rows a request; one CTA per segment), or fp8_mode="fast" (the fast kernel's own
+        scheduled instantiation; exact fp8 above 32 heads has none)."""
         return self._sched_launches is not None
 
     def schedule(self, seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
@@ -208,7 +214,8 @@ class MLADecodePlan:
         limit = 2**31 - 1 if max_seq_len is None else max_seq_len
         splits = self._forced_splits or num_kv_splits_for(self._sched_launches[0].facts, batch, self.num_heads,
                                                           self.q_len, min(self.max_seq_len, limit),
-                                                          sm_count(self.device.index))
+                                                          sm_count(self.device.index),
+                                                          variant_heads=self._sched_launches[0].key[0])
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,

@@ -230,7 +230,8 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
     1 uniform-equivalent, "prices": (balanced, uniform) in tiles, "shared": the requests of several pieces,
     in order (the combine's list), "segments": every (request, CTA) segment, the transposed path's CTAs:
     by cost class (256 classes of the kept cut's busiest CTA), costliest first, request order within a
-    class; in request order when there are more than SEGMENT_SORT_MAX}. piece_cost and balanced_margin: the kernel's cost model (a loaded
+    class; in request order when there are more than SEGMENT_SORT_MAX, 2**20 requests or more, or more than
+    4096 CTAs}. piece_cost and balanced_margin: the kernel's cost model (a loaded
     library's Library.schedule_model()). `kind` forces the cut (the kernel prices in fp32 and may fuse a
     multiply-add, so a near-tie can go either way). The GPU test compares the kernel's buffer with it;
     CPU tests check its invariants."""
@@ -295,7 +296,7 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
             t1 = bounds[c + 1][1] if bounds[c + 1][0] == b else n
             segments.append((b, c))
             cost_class[b, c] = (t1 - t0 + overhead) * 256 // (busiest + 1)
-    if len(segments) <= SEGMENT_SORT_MAX:  # costliest class first, request order within one (stable)
+    if len(segments) <= SEGMENT_SORT_MAX and batch < 1 << 20 and ctas <= 4096:  # costliest class first (stable)
         segments.sort(key=lambda s: -cost_class[s])
     return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared,
             "segments": segments}

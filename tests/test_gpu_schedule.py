@@ -76,7 +76,7 @@ def _pieces(plan, b):
 
 @pytest.mark.parametrize("overhead", [1, 3, 50])
 def test_balanced_schedule_any_overhead(overhead):
-    heads, page = _keys(1)[0] if _keys() else pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+    heads, page = _keys(1)[0] if _keys() else pytest.skip("no bf16 split variant in this build")
     lens = LENGTHS["ragged"] + LENGTHS["zeros_ones_long"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(3))
     plan = MLADecodePlan(len(lens), heads, page, max_seq_len=max(lens), balanced=True)
@@ -88,7 +88,7 @@ def test_balanced_schedule_any_overhead(overhead):
 def test_stale_schedule_gives_nan_not_a_wrong_answer():
     """run with seq_lens whose tile counts changed since schedule(): those requests are NaN; others exact."""
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     now = [1000, 3064, 64, 501]   # the step's lengths (the cache and block table hold these tokens)
     before = [1000, 3000, 64, 500]  # what the schedule saw: request 1 one tile short, request 3 same tiles
@@ -110,7 +110,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
     """schedule + run captured once; replays after seq_lens changed in place (other tile counts, another
     balance) stay exact."""
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     steps = ([300, 5000, 1, 2000, 0, 800], [8000, 1, 0, 64, 4000, 65])
     case = make_paged_case([max(x) for x in zip(*steps)], heads, page,
@@ -131,7 +131,7 @@ def test_schedule_in_a_cuda_graph_follows_seq_lens():
 
 def test_schedule_argument_errors():
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     plan = MLADecodePlan(4, heads, page, max_seq_len=1024, balanced=True)
     with pytest.raises(MLAInputError, match="seq_lens: expected an int32 tensor"):
@@ -164,7 +164,7 @@ def test_plans_without_balanced_keep_the_workspace_contract():
     """Only balanced=True plans grow the workspace; plain plans still fit workspace_size(...)."""
     from mla_variants import workspace_size
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     plain = MLADecodePlan(512, heads, page, max_seq_len=4096)
     assert plain.workspace_bytes == workspace_size(512, heads, 1, plain.num_kv_splits)
@@ -178,7 +178,7 @@ def test_graph_at_one_batch_survives_a_schedule_for_another():
     """A graph captured at batch P keeps reading the schedule made for P after an eager schedule() for
     batch R (each batch size has its own buffer): its replay stays exact, nothing is written past P."""
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     lens = [300, 5000, 1, 2000]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(13))
@@ -212,7 +212,7 @@ def test_schedule_kernel_matches_the_python_model(seed):
     from mla_variants.testing import reference_schedule
     piece_cost, margin = _binding.library().schedule_model()
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     rng = random.Random(seed)
     batch = int(seed) if isinstance(seed, str) else rng.choice([2, 5, 32, 200])
@@ -320,7 +320,7 @@ def test_bound_step_follows_the_schedule():
     """bind() before schedule(): the bound step runs the uniform split, then the schedule once one exists;
     a schedule for another batch is refused by name."""
     if not _keys():
-        pytest.skip("no split variant of more than 32 heads (the 64-row path)")
+        pytest.skip("no bf16 split variant in this build")
     heads, page = _keys(1)[0]
     lens = LENGTHS["ragged"]
     case = make_paged_case(lens, heads, page, generator=torch.Generator().manual_seed(21))

@@ -53,12 +53,12 @@ __device__ CutPrice price_cut(const int32_t* bounds, const int32_t* req, int cta
 // scratch; both priced, the cheaper kept (schedule.cuh), (3) each request's first CTA and piece count,
 // by binary search over the kept bounds, and its first piece (an exclusive scan). A seq_len the block
 // table cannot address (< 0 or > max_keys) counts 0 tiles; the decode kernel gives that request NaN.
-__global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const int32_t* seq_lens, int batch,
+__global__ void __launch_bounds__(kScheduleThreads, 1) mla_schedule_kernel(const int32_t* seq_lens, int batch,
                                                                         int64_t max_keys, int ctas, int overhead,
                                                                         int uniform_splits, int32_t* out) {
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
   using Reduce = cub::BlockReduce<int64_t, kScheduleThreads>;
-  using Sort = cub::BlockRadixSort<uint32_t, kScheduleThreads, kSegmentSortItems, uint64_t>;
+  using Sort = cub::BlockRadixSort<uint32_t, kScheduleThreads, kSegmentSortItems, uint32_t>;
   __shared__ union {
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
@@ -198,12 +198,13 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
   // (4) the segment table, longest first: a stable sort of the request-order table by each segment's
   // cost class, 255 - floor(256 cost / (busiest + 1)) for cost = its tiles + overhead (the hardware
   // starts CTAs in this order, so the short ones fill in behind the long ones: longest processing time
-  // first). Tables of more than kSegmentSortItems * kScheduleThreads segments stay in request order.
+  // first). Tables of more than kSegmentSortItems * kScheduleThreads segments stay in request order, as
+  // do batches of 2^20 requests or more and more than 4096 CTAs (a segment sorts as b * 4096 + c).
   const int64_t num_segments = carry;
   __syncthreads();  // the request-order table and req[] as every thread wrote them
-  if (num_segments <= int64_t(kSegmentSortItems) * kScheduleThreads) {
+  if (num_segments <= int64_t(kSegmentSortItems) * kScheduleThreads && batch < (1 << 20) && ctas <= 4096) {
     uint32_t key[kSegmentSortItems];
-    uint64_t seg[kSegmentSortItems];
+    uint32_t seg[kSegmentSortItems];
     #pragma unroll
     for (int j = 0; j < kSegmentSortItems; ++j) {
       const int64_t i = int64_t(threadIdx.x) * kSegmentSortItems + j;  // blocked: the stable order is i's
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
         const int t0 = bounds[2 * c] == b ? bounds[2 * c + 1] : 0;
         const int t1 = bounds[2 * c + 2] == b ? bounds[2 * c + 3] : req[4 * b + kReqTiles];
         key[j] = 255u - uint32_t((int64_t(t1 - t0) + overhead) * 256 / (busiest + 1));
-        seg[j] = (uint64_t(uint32_t(b)) << 32) | uint32_t(c);
+        seg[j] = (uint32_t(b) << 12) | uint32_t(c);
       }
     }
     __syncthreads();
@@ -223,8 +224,8 @@ __global__ void __launch_bounds__(kScheduleThreads) mla_schedule_kernel(const in
     for (int j = 0; j < kSegmentSortItems; ++j) {
       const int64_t i = int64_t(threadIdx.x) * kSegmentSortItems + j;
       if (i < num_segments) {
-        segments[1 + 2 * i] = int32_t(seg[j] >> 32);
-        segments[2 + 2 * i] = int32_t(seg[j] & 0xffffffffu);
+        segments[1 + 2 * i] = int32_t(seg[j] >> 12);
+        segments[2 + 2 * i] = int32_t(seg[j] & 4095u);
       }
     }
   }

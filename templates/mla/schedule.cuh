@@ -48,7 +48,7 @@
 
 namespace mla {
 
-constexpr int kScheduleThreads = 512;  // 128 registers a thread: the two cuts and their prices do not spill
+constexpr int kScheduleThreads = 512;  // one CTA a launch (up to 128 registers a thread): no spills
 constexpr int kSegmentSortItems = 8;  // segments a thread sorts: tables of up to 4096 go longest first
 
 
