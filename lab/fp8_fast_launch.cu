@@ -16,11 +16,12 @@ static int launch(const MlaDecodeArgs* a) {
   p.scale_log2 = a->softmax_scale * 1.4426950408889634f;
   p.use_tma = 0;
   auto kernel = mla::fast::mla_decode_fp8_fast_kernel<H, P, true>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::fast::kSmemBytes);
+  constexpr int kSmemBytes = int(sizeof(mla::fast::Storage)) + 1024;  // as launch.cuh launch_decode_kernel
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return int(err);
   if (a->batch == 0) return 0;
   const cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
-  kernel<<<dim3(p.num_m_blocks * a->batch, a->num_kv_splits), mla::fast::kThreads, mla::fast::kSmemBytes, stream>>>(p);
+  kernel<<<dim3(p.num_m_blocks * a->batch, a->num_kv_splits), mla::fast::Storage::kThreads, kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || a->num_kv_splits == 1) return int(err);
   using B = cutlass::bfloat16_t;
