@@ -176,8 +176,9 @@ class MLADecodePlan:
         sequence a block_table row addresses (default: no bound; a larger seq_len counts 0 tiles here and
         gets NaN in run). Returns False (and changes nothing) for a balanced=True plan that cannot
         balance (see :attr:`balanced`). A batch of one request keeps the uniform split (its pieces are
-        already equal): no kernel runs, and run and scheduled_cut treat the step as the uniform cut. The first call for a batch size allocates that size's schedule buffer, so make
-        it before capturing a CUDA graph (a warm-up step does). Raises MLAInputError for a bad seq_lens,
+        already equal): no kernel runs, and run and scheduled_cut treat the step as the uniform cut. The
+        first call for a batch size allocates that size's schedule buffer, so make it before capturing a
+        CUDA graph (a warm-up step does). Raises MLAInputError for a bad seq_lens,
         max_seq_len or overhead_tiles, a plan made without balanced=True, or a first call for a batch
         size during graph capture."""
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
@@ -267,12 +268,13 @@ class MLADecodePlan:
         plan's uniform split."""
         if self._sched_batch:
             self._check_scheduled_batch(c.batch)
-        if self._sched_batch and self._schedules[c.batch] is not None:
-            launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes,
-                   self._schedules[c.batch].data_ptr(), self.sched_ctas)
-        elif self._sched_batch:  # one request (schedule())
-            launch(c, self._sched_launches, self._one_request_splits, self.workspace, self.workspace_bytes,
-                   max_seq_len=self.max_seq_len)
+            buf = self._schedules[c.batch]
+            if buf is None:  # one request (schedule()): the uniform split
+                launch(c, self._sched_launches, self._one_request_splits, self.workspace, self.workspace_bytes,
+                       max_seq_len=self.max_seq_len)
+            else:
+                launch(c, self._sched_launches, 1, self.workspace, self.workspace_bytes, buf.data_ptr(),
+                       self.sched_ctas)
         else:
             launch(c, self.launches, self.num_kv_splits, self.workspace, self.workspace_bytes,
                    max_seq_len=self.max_seq_len)
@@ -378,7 +380,6 @@ class BoundDecode:
         launches = self._launches
         if self._batch and self.plan._sched_batch:
             self.plan._check_scheduled_batch(self._batch)
-        if self._batch and self.plan._sched_batch:
             if self._sched_launches is None:
                 plan = self.plan
                 buf = plan._schedules[self._batch]
