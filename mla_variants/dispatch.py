@@ -1,7 +1,7 @@
 """Variant choice: which compiled launcher serves a call, as a pure function of the dispatch table
 (the build's manifest: (num_heads, page_size, dtype, split) -> launcher symbol, and each variant's facts).
 
-Rule (README "Dispatch"): page_size and dtype must match a compiled variant exactly (dtype as
+Rule (docs/design.md section 8): page_size and dtype must match a compiled variant exactly (dtype as
 codegen.variant.call_dtype maps it: fp8_e4m3_fast calls of at most 32 heads run fp8_e4m3). num_heads is
 served by the exact compiled head count if there is one, else by the smallest compiled count above
 it with the extra rows masked; more heads than the largest compiled count are cut into head groups
