@@ -95,15 +95,21 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   if constexpr (SCHED && kSt) {
     if (!sched_st_has_segment(p)) return;
   }
-  // The producer threads issue their Q copies first in the uniform 16-bit kernels, before the seq_lens
-  // load and the barrier set-up (Q's address does not depend on seq_len), and a math thread initialises
-  // the barriers. The fp8 producers (produce_fp8, produce_fp8_ring) issue Q themselves; a scheduled CTA
-  // learns its request from the schedule.
-  constexpr bool kQFirst = !SCHED && !Types::kFp8;
+  // The producer threads issue their Q copies first in the 16-bit kernels that know their request at
+  // entry (the uniform ones, and the transposed scheduled one from its segment's table entry), before
+  // the seq_lens load and the barrier set-up (Q's address does not depend on seq_len), and a math
+  // thread initialises the barriers. The fp8 producers (produce_fp8, produce_fp8_ring) issue Q
+  // themselves; a 64-row scheduled CTA learns each segment's request on its walk.
+  constexpr bool kQFirst = (!SCHED || kSt) && !Types::kFp8;
   if constexpr (kQFirst) {
     if (threadIdx.x < kProducerThreads) {
-      int b, m_block, split;
-      cta_coords(p, b, m_block, split);
+      int b, m_block;
+      if constexpr (SCHED) {
+        b = sched_st_request(p, m_block);
+      } else {
+        int split;
+        cta_coords(p, b, m_block, split);
+      }
       load_q_block<typename Storage::Element, NUM_HEADS, Storage::kRowsPerCta>(s.q, a, b, m_block, threadIdx.x);
     }
   }

@@ -76,6 +76,11 @@ __device__ __forceinline__ bool sched_st_has_segment(const DecodeParams& p) {
   const int k = sched_st_segment_index(p, m_block);
   return k < p.a.schedule[schedule_segments_offset(p.a.batch, p.a.sched_ctas)];
 }
+// The request of the transposed scheduled CTA's segment (and its row block).
+__device__ __forceinline__ int sched_st_request(const DecodeParams& p, int& m_block) {
+  const int k = sched_st_segment_index(p, m_block);
+  return p.a.schedule[schedule_segments_offset(p.a.batch, p.a.sched_ctas) + 1 + 2 * k];
+}
 template <int NUM_HEADS, int PAGE_SIZE, int ROWS>
 __device__ __forceinline__ CtaWork sched_st_work(const DecodeParams& p) {
   int m_block;
