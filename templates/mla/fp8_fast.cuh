@@ -678,7 +678,7 @@ template <int NUM_HEADS, int PAGE_SIZE, bool SOFTMAX>
 __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage& s, int tid) {
   uint32_t ph = 0;
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
-    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * p.a.q_len * p.a.num_heads;
+    const int64_t piece_row = piece_row_of<true, /*SCHED=*/true>(p.a, w.b, w.split);
     if constexpr (SOFTMAX) {
       softmax_rows<NUM_HEADS, false>(p, s, w, piece_row, tid, ph);
     } else {
@@ -707,12 +707,6 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, Storage
 // y = split (SCHED: x = m_block + num_m_blocks * c, the balanced schedule's CTA c). With num_kv_splits > 1
 // (or a request the schedule shares among CTAs) each CTA writes its normalised 16-bit piece and lse to the
 // workspace and combine.cuh merges them (SPLIT: a split variant, which allows the combine's early launch).
-
-// The uniform launch's first workspace row of the CTA's piece, or -1 (one split: out and lse directly).
-__device__ __forceinline__ int64_t split_piece_row(const MlaDecodeArgs& a, const CtaWork& w) {
-  return a.num_kv_splits > 1 ? (int64_t(w.split) * a.batch + w.b) * a.q_len * a.num_heads : -1;
-}
-
 template <int NUM_HEADS, int PAGE_SIZE, bool SPLIT, bool SCHED = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(!SCHED || SPLIT, "a scheduled launch writes workspace pieces: split variants only");
@@ -756,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       consume_scheduled<NUM_HEADS, PAGE_SIZE, true>(p, s, tid);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      softmax_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, split_piece_row(a, w), tid, 0u);
+      softmax_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, piece_row_of<SPLIT, /*SCHED=*/false>(a, w.b, w.split), tid, 0u);
     }
     return;  // like the producer, it exits before the stores: only they allow the combine's launch
   } else {
@@ -765,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_fp8_fast_kernel(const 
       consume_scheduled<NUM_HEADS, PAGE_SIZE, false>(p, s, tid);
     } else {
       const CtaWork w = cta_work<NUM_HEADS, PAGE_SIZE, kBlockM>(p);
-      pv_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, split_piece_row(a, w), tid, 0u);
+      pv_rows<NUM_HEADS, MLA_TRACE != 0>(p, s, w, piece_row_of<SPLIT, /*SCHED=*/false>(a, w.b, w.split), tid, 0u);
     }
     allow_dependent_launch<SPLIT>();  // past this warpgroup's stores
   }

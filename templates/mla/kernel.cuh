@@ -117,12 +117,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
   trace_at(p, kProducerThreads).stamp(kTraceEntry);
   // The CTA's request, query-row block and keys (the producer's copy; the math warpgroups compute
   // their own after setmaxnreg, so that nothing computed here stays live into their region).
-  CtaWork w0{};
-  if constexpr (!SCHED) {
-    w0 = cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
-  } else if constexpr (kSt) {
-    w0 = sched_st_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
-  }
+  const CtaWork w0 = one_range_work<NUM_HEADS, PAGE_SIZE, ROWS, SCHED>(p);
 
   if (threadIdx.x == (kQFirst ? kProducerThreads : 0)) {
     cutlass::arch::ClusterBarrier::init(&s.q_full, kProducerThreads);
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     return;
   }
   // hides behind the wait for Q
-  const CtaWork w = SCHED ? sched_st_work<NUM_HEADS, PAGE_SIZE, ROWS>(p) : cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  const CtaWork w = one_range_work<NUM_HEADS, PAGE_SIZE, ROWS, SCHED>(p);
   const int b = w.b, m_block = w.m_block, split = w.split, seq_len = w.seq_len, kv_begin = w.kv_begin, kv_end = w.kv_end,
             num_tiles = w.num_tiles;
   const bool bad_len = w.bad_len;
@@ -253,18 +248,13 @@ __global__ void __launch_bounds__(KernelStorage<Cache, ROWS>::kThreads, 1)
     trace_at(p, kProducerThreads + 128 * (Storage::kMathWgs - 1)).stamp(kTraceLoopDoneLast);
     merge_st(s, ctx, tOrO, m_run, l_run, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceMerged);
-    // The workspace piece's (query 0, head 0) row, or -1: out directly (a request one scheduled CTA
-    // covers, or a split variant run with one split).
-    const int64_t piece_row = SCHED ? (split < 0 ? -1 : int64_t(split) * a.q_len * a.num_heads)
-                              : SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads
-                                                             : -1;
+    const int64_t piece_row = piece_row_of<SPLIT, SCHED>(a, b, split);
     store_rows_st<typename Types::Out, NUM_HEADS, SPLIT>(p, s, b, piece_row, m_block, tid, v_scale, bad_len);
     trace_at(p, kProducerThreads).stamp(kTraceStored);
     allow_dependent_launch<SPLIT>();
     return;
   } else {
-    const int64_t piece_row =
-        SPLIT && a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
+    const int64_t piece_row = piece_row_of<SPLIT, /*SCHED=*/false>(a, b, split);
     // Non-split kernels on TMA pages stage out through shared memory (epilogue.cuh store_rows_staged).
     constexpr bool kStaged = !SPLIT && kTmaPages<Cache, PAGE_SIZE, ROWS>;
     rows_64<Cache, NUM_HEADS, kStaged, /*kTrace=*/MLA_TRACE != 0, /*kShort=*/SHORT>(p, s, w, piece_row, score_scale,

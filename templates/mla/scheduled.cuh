@@ -91,6 +91,19 @@ __device__ __forceinline__ CtaWork sched_st_work(const DecodeParams& p) {
   const int t = sv.bound_req(c) == b ? sv.bound_tile(c) : 0;
   return sched_segment<NUM_HEADS, PAGE_SIZE, ROWS>(p, c, m_block, b, t, sv.bound_req(c + 1), sv.bound_tile(c + 1));
 }
+// The one range of keys a CTA runs outside the 64-row scheduled walk: a uniform CTA's (request, split)
+// or a transposed scheduled CTA's segment. (The 64-row scheduled kernels walk their segments in
+// produce_scheduled / consume_scheduled and take no such range: empty work.)
+template <int NUM_HEADS, int PAGE_SIZE, int ROWS, bool SCHED>
+__device__ __forceinline__ CtaWork one_range_work(const DecodeParams& p) {
+  if constexpr (!SCHED) {
+    return cta_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  } else if constexpr (ROWS != kBlockM) {
+    return sched_st_work<NUM_HEADS, PAGE_SIZE, ROWS>(p);
+  } else {
+    return CtaWork{};
+  }
+}
 
 // Whether the cursor (b, t) is still before the CTA's end bound (lexicographic order).
 __device__ __forceinline__ bool sched_before(int b, int t, int end_b, int end_t) {
@@ -154,7 +167,7 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedS
   int u0 = 0, u1 = 0, k = 0, seg = 0;
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
-    const int64_t piece_row = w.split < 0 ? -1 : int64_t(w.split) * a.q_len * a.num_heads;
+    const int64_t piece_row = piece_row_of<SPLIT, /*SCHED=*/true>(a, w.b, w.split);
     rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
                                                  (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
     if (w.num_tiles > 0) {

@@ -79,6 +79,21 @@ __host__ __device__ __forceinline__ int64_t workspace_pieces(const MlaDecodeArgs
   return a.schedule != nullptr ? int64_t(a.batch) + a.sched_ctas : int64_t(a.num_kv_splits) * a.batch;
 }
 
+// The first workspace row of the piece a CTA writes (request b, split), or -1 where it writes out and lse
+// directly. A uniform launch: piece split * batch + b when the call has more than one split (SPLIT
+// variants). A scheduled one (SCHED): the piece schedule.cuh numbered for the segment (passed as split),
+// -1 for a request that one CTA covers.
+template <bool SPLIT, bool SCHED>
+__host__ __device__ __forceinline__ int64_t piece_row_of(const MlaDecodeArgs& a, int b, int split) {
+  if constexpr (SCHED) {
+    return split < 0 ? -1 : int64_t(split) * a.q_len * a.num_heads;
+  } else if constexpr (SPLIT) {
+    return a.num_kv_splits > 1 ? (int64_t(split) * a.batch + b) * a.q_len * a.num_heads : -1;
+  } else {
+    return -1;
+  }
+}
+
 template <class P>
 __host__ __device__ __forceinline__ SplitWorkspace<P> split_workspace(const MlaDecodeArgs& a) {
   const int64_t rows = workspace_pieces(a) * a.q_len * a.num_heads;
