@@ -136,6 +136,12 @@ class PathFacts:
         transposed 16-bit variant, which rows_for picks for more than ST_MAX_ROWS rows)."""
         return self.balanced_schedule and (self.rows_per_cta == ROWS_64 or self.rows_for(q_rows) < ROWS_64)
 
+    def runs_segments(self, q_rows: int) -> bool:
+        """Whether a balanced launch for requests of q_rows rows runs one CTA per entry of the schedule's
+        segment table (the transposed kernels; the 64-row and fast kernels walk runs of segments instead),
+        so the schedule kernel must write that table."""
+        return self.balances(q_rows) and self.rows_for(q_rows) < ROWS_64
+
     def cpp(self) -> str:
         """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""
         kind = {None: "kNone", "short_split": "kShortSplit", "rows64": "kRows64"}[self.second_kernel]

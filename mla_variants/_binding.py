@@ -125,7 +125,7 @@ class _Part:
             fn.restype = ctypes.c_int
             self.launchers[name] = fn
         # The balanced schedule's kernel (templates/mla/schedule.cu), one per library.
-        self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _i32, _vp, _vp]
+        self.cdll.mla_variants_schedule.argtypes = [_vp, _i32, _i64, _i32, _i32, _i32, _i32, _vp, _vp]
         self.cdll.mla_variants_schedule.restype = ctypes.c_int
         for name in ("mla_variants_schedule_ints", "mla_variants_schedule_kind_offset"):
             getattr(self.cdll, name).argtypes = [_i32, _i32]

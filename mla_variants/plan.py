@@ -114,6 +114,7 @@ class MLADecodePlan:
             fail("max_batch", "at most 2**20 with balanced=True", max_batch)
         self._balanced_asked = balanced
         self._sched_launches, self.sched_ctas, self._sched_batch = None, 0, 0
+        self._sched_segments = False  # whether the scheduled launch reads the segment table (runs_segments)
         self.default_overhead_tiles = SCHEDULE_OVERHEAD_TILES  # schedule()'s overhead_tiles when not given
         # One schedule buffer per batch size scheduled: run(batch) (and a graph captured at that batch)
         # only ever reads the buffer made for its own batch.
@@ -132,6 +133,7 @@ class MLADecodePlan:
                     self.default_overhead_tiles = SCHEDULE_OVERHEAD_TILES_FP8_FAST
                 m_blocks = -(-sl[0].key[0] * q_len // sl[0].facts.rows_for(sl[0].key[0] * q_len))
                 self._sched_launches = sl
+                self._sched_segments = sl[0].facts.runs_segments(sl[0].key[0] * q_len)
                 self.sched_ctas = max(1, sm_count(self.device.index) // m_blocks)
                 # A step of one request runs the uniform split on the same variant (schedule()), split as
                 # mla_decode would split it.
@@ -220,7 +222,8 @@ class MLADecodePlan:
         lib = _binding.library()
         with torch.cuda.device(self.device):
             code = lib.cdll.mla_variants_schedule(seq_lens.data_ptr(), batch, limit, self.sched_ctas, overhead_tiles,
-                                                  splits, buf.data_ptr(), current_stream(self.device.index))
+                                                  splits, int(self._sched_segments), buf.data_ptr(),
+                                                  current_stream(self.device.index))
         if code:
             lib.raise_for(code, "the balanced schedule kernel")
         self._sched_batch = batch

@@ -224,14 +224,15 @@ SEGMENT_SORT_MAX = 8 * 512
 
 
 def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: int, uniform_splits: int,
-                       kind: int | None = None, *, piece_cost: float, balanced_margin: float) -> dict:
+                       kind: int | None = None, *, piece_cost: float, balanced_margin: float,
+                       segment_table: bool = True) -> dict:
     """What the schedule kernel (templates/mla/schedule.cu) writes, computed in Python: {"bounds": [(request,
     tile)] * (ctas + 1), "requests": [(tiles, first_cta, first_piece, pieces)] * batch, "kind": 0 balanced /
     1 uniform-equivalent, "prices": (balanced, uniform) in tiles, "shared": the requests of several pieces,
     in order (the combine's list), "segments": every (request, CTA) segment, the transposed path's CTAs:
     by cost class (256 classes of the kept cut's busiest CTA), costliest first, request order within a
     class; in request order when there are more than SEGMENT_SORT_MAX, 2**20 requests or more, or more than
-    4096 CTAs}. piece_cost and balanced_margin: the kernel's cost model (a loaded
+    4096 CTAs; none without segment_table (a plan whose launch walks runs: PathFacts.runs_segments)}. piece_cost and balanced_margin: the kernel's cost model (a loaded
     library's Library.schedule_model()). `kind` forces the cut (the kernel prices in fp32 and may fuse a
     multiply-add, so a near-tie can go either way). The GPU test compares the kernel's buffer with it;
     CPU tests check its invariants."""
@@ -296,6 +297,8 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
             t1 = bounds[c + 1][1] if bounds[c + 1][0] == b else n
             segments.append((b, c))
             cost_class[b, c] = (t1 - t0 + overhead) * 256 // (busiest + 1)
+    if not segment_table:
+        segments = []
     if len(segments) <= SEGMENT_SORT_MAX and batch < 1 << 20 and ctas <= 4096:  # costliest class first (stable)
         segments.sort(key=lambda s: -cost_class[s])
     return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared,

@@ -200,20 +200,24 @@ def test_graph_at_one_batch_survives_a_schedule_for_another():
     assert not compare(out, lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("path", ["rows64", "transposed"])
 @pytest.mark.parametrize("seed", list(range(6)) + ["4300"])
-def test_schedule_kernel_matches_the_python_model(seed):
+def test_schedule_kernel_matches_the_python_model(seed, path):
     """The schedule buffer the kernel writes equals mla_variants.testing.reference_schedule (the cut the
-    kernel kept; a near-tie of the two prices may go either way in fp32); "4300": a batch whose segment
-    table is longer than the kernel sorts."""
+    kernel kept; a near-tie of the two prices may go either way in fp32), for a 64-row plan (no segment
+    table) and a transposed one (the segment table, sorted); "4300": a batch whose segment table is longer
+    than the kernel sorts."""
     import random
 
     from mla_variants import default_num_kv_splits
     from mla_variants.launching import sm_count
     from mla_variants.testing import reference_schedule
     piece_cost, margin = _binding.library().schedule_model()
-    if not _keys():
-        pytest.skip("no bf16 split variant in this build")
-    heads, page = _keys(1)[0]
+    keys = _keys() if path == "rows64" else _st_keys("bf16")
+    keys = [k for k in keys if (k[0] <= 32) == (path == "transposed")]
+    if not keys:
+        pytest.skip(f"no bf16 split variant of the {path} path in this build")
+    heads, page = keys[0]
     rng = random.Random(seed)
     batch = int(seed) if isinstance(seed, str) else rng.choice([2, 5, 32, 200])
     lens = [rng.choice([0, 1, 64, 65, rng.randrange(0, 20000), -3, 30000]) for _ in range(batch)]
@@ -221,11 +225,12 @@ def test_schedule_kernel_matches_the_python_model(seed):
     plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys, balanced=True)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
+    assert plan._sched_segments == (path == "transposed")
     splits = default_num_kv_splits(batch, heads, 1, max_keys, sm_count(plan.device.index), page_size=page)
     got = plan._schedules[batch].cpu().tolist()
     kind = got[_binding.library().cdll.mla_variants_schedule_kind_offset(batch, plan.sched_ctas)]
     ref = reference_schedule(lens, max_keys, plan.sched_ctas, 3, splits, kind, piece_cost=piece_cost,
-                             balanced_margin=margin)
+                             balanced_margin=margin, segment_table=plan._sched_segments)
     g = plan.sched_ctas
     assert [tuple(got[2 * c:2 * c + 2]) for c in range(g + 1)] == ref["bounds"]
     assert [tuple(got[2 * (g + 1) + 4 * b:2 * (g + 1) + 4 * b + 4]) for b in range(batch)] == ref["requests"]

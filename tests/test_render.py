@@ -103,8 +103,10 @@ def test_path_facts(variant, rows, second, max_keys, tma, second_tma, balanced):
 ])
 def test_balanced_schedule_needs_a_scheduled_kernel_for_the_launchs_rows(heads, dtype, q_len, balances):
     """PathFacts.balances: a transposed 16-bit variant whose request rows exceed 32 runs its 64-row second
-    kernel, which has no scheduled form; exact fp8 on the 64-row path has none either."""
+    kernel, which has no scheduled form; exact fp8 on the 64-row path has none either. runs_segments: the
+    transposed kernels run one CTA per segment table entry, the 64-row ones walk runs."""
     assert Variant(heads, 64, dtype, True).facts.balances(heads * q_len) == balances
+    assert Variant(heads, 64, dtype, True).facts.runs_segments(heads * q_len) == (balances and heads <= 32)
     assert not Variant(heads, 64, dtype, False).facts.balances(heads * q_len)
 
 

@@ -55,7 +55,8 @@ __device__ CutPrice price_cut(const int32_t* bounds, const int32_t* req, int cta
 // table cannot address (< 0 or > max_keys) counts 0 tiles; the decode kernel gives that request NaN.
 __global__ void __launch_bounds__(kScheduleThreads, 1) mla_schedule_kernel(const int32_t* seq_lens, int batch,
                                                                         int64_t max_keys, int ctas, int overhead,
-                                                                        int uniform_splits, int32_t* out) {
+                                                                        int uniform_splits, bool segment_table,
+                                                                        int32_t* out) {
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
   using Reduce = cub::BlockReduce<int64_t, kScheduleThreads>;
   using Sort = cub::BlockRadixSort<uint32_t, kScheduleThreads, kSegmentSortItems, uint32_t>;
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) mla_schedule_kernel(const
     Scan(temp.scan).ExclusiveSum(pieces, excl, sum);
     if (b < batch) {
       req[4 * b + kReqFirstPiece] = int(carry + excl);
-      for (int j = 0; j < pieces; ++j) {  // the segment table in request order, sorted in (4)
+      for (int j = 0; segment_table && j < pieces; ++j) {  // the segment table in request order, sorted in (4)
         segments[1 + 2 * (carry + excl + j)] = b;
         segments[2 + 2 * (carry + excl + j)] = req[4 * b + kReqFirstCta] + j;
       }
@@ -200,9 +201,11 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) mla_schedule_kernel(const
   // starts CTAs in this order, so the short ones fill in behind the long ones: longest processing time
   // first). Tables of more than kSegmentSortItems * kScheduleThreads segments stay in request order, as
   // do batches of 2^20 requests or more and more than 4096 CTAs (a segment sorts as b * 4096 + c).
-  const int64_t num_segments = carry;
+  // Without segment_table (64-row and fast plans, which walk runs) no table: 0 segments.
+  const int64_t num_segments = segment_table ? carry : 0;
   __syncthreads();  // the request-order table and req[] as every thread wrote them
-  if (num_segments <= int64_t(kSegmentSortItems) * kScheduleThreads && batch < (1 << 20) && ctas <= 4096) {
+  if (segment_table && num_segments <= int64_t(kSegmentSortItems) * kScheduleThreads && batch < (1 << 20) &&
+      ctas <= 4096) {
     uint32_t key[kSegmentSortItems];
     uint32_t seg[kSegmentSortItems];
     #pragma unroll
@@ -238,15 +241,18 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) mla_schedule_kernel(const
 // query-row block into `schedule` (device, mla_variants_schedule_ints(batch, ctas) int32 values, 8-byte
 // aligned) on `stream`. max_keys: the most keys a request's block-table row addresses; overhead: the
 // fixed cost of a request in tiles (>= 1); uniform_splits: the split count of the uniform split the
-// balanced cut is priced against (>= 1). Returns a cudaError_t code.
+// balanced cut is priced against (>= 1); segment_table: 1 to write the segment table (a plan that launches
+// the transposed path), 0 not. Returns a cudaError_t code.
 extern "C" int mla_variants_schedule(const int32_t* seq_lens, int32_t batch, int64_t max_keys, int32_t ctas,
-                                     int32_t overhead, int32_t uniform_splits, int32_t* schedule, void* stream) {
+                                     int32_t overhead, int32_t uniform_splits, int32_t segment_table,
+                                     int32_t* schedule, void* stream) {
   if (seq_lens == nullptr || schedule == nullptr || batch < 1 || ctas < 1 || overhead < 1 || uniform_splits < 1 ||
-      max_keys < 0 || reinterpret_cast<uintptr_t>(schedule) % 8 != 0) {
+      max_keys < 0 || (segment_table != 0 && segment_table != 1) ||
+      reinterpret_cast<uintptr_t>(schedule) % 8 != 0) {
     return int(cudaErrorInvalidValue);
   }
   mla::mla_schedule_kernel<<<1, mla::kScheduleThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      seq_lens, batch, max_keys, ctas, overhead, uniform_splits, schedule);
+      seq_lens, batch, max_keys, ctas, overhead, uniform_splits, segment_table != 0, schedule);
   return int(cudaGetLastError());
 }
 

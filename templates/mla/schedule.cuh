@@ -29,7 +29,8 @@
 //                         each segment as a CTA of its own (kernel.cuh sched_st_work) instead of walking
 //                         a run, the costliest first (tables of up to 4096 segments; by cost class, 256
 //                         classes of the busiest run's price, request order within a class), so the
-//                         hardware hands the short ones to the SMs that finish first.
+//                         hardware hands the short ones to the SMs that finish first. Written only
+//                         for plans that launch the transposed path (segment_table); else 0 segments.
 // The kernel builds two cuts and keeps the one its cost model prices lower: the balanced cut above,
 // and the uniform-equivalent cut, which gives each CTA k consecutive (request, split) pieces of the
 // uniform split into S splits (k = ceil(batch S / G); the uniform launch's work when batch S <= G).
