@@ -11,7 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 6  # must equal MLA_ABI_VERSION in templates/mla/abi.h
+ABI_VERSION = 7  # must equal MLA_ABI_VERSION in templates/mla/abi.h
 
 # MlaDecodeArgs.tma_mode (abi.h MlaTmaMode): how full KV tiles on TMA pages are loaded.
 TMA_MODES = {"auto": 0, "off": 1, "require": 2}

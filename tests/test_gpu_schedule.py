@@ -225,6 +225,8 @@ def test_schedule_kernel_matches_the_python_model(seed, path):
     plan = MLADecodePlan(batch, heads, page, max_seq_len=max_keys, balanced=True)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
+    plan._schedules[batch].fill_(-7)  # so that every value compared below is one the kernel wrote
+    assert plan.schedule(seq_lens, max_seq_len=max_keys, overhead_tiles=3)
     assert plan._sched_segments == (path == "transposed")
     splits = default_num_kv_splits(batch, heads, 1, max_keys, sm_count(plan.device.index), page_size=page)
     got = plan._schedules[batch].cpu().tolist()

@@ -2,12 +2,12 @@
 //
 // One struct carries a decode call: raw device pointers, int64 strides in elements, sizes, and the
 // CUDA stream. Python fills it through ctypes; a launcher reads it and returns a cudaError_t code
-// (0 = success). Bump MLA_ABI_VERSION whenever the struct changes; the binding refuses a library
-// built with another version.
+// (0 = success). Bump MLA_ABI_VERSION whenever the struct or an exported function's signature changes
+// (the launchers, mla_variants_schedule, ...); the binding refuses a library built with another version.
 #pragma once
 #include <stdint.h>
 
-#define MLA_ABI_VERSION 6
+#define MLA_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
