@@ -232,10 +232,10 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
     in order (the combine's list), "segments": every (request, CTA) segment, the transposed path's CTAs:
     by cost class (256 classes of the kept cut's busiest CTA), costliest first, request order within a
     class; in request order when there are more than SEGMENT_SORT_MAX, 2**20 requests or more, or more than
-    4096 CTAs; none without segment_table (a plan whose launch walks runs: PathFacts.runs_segments)}. piece_cost and balanced_margin: the kernel's cost model (a loaded
-    library's Library.schedule_model()). `kind` forces the cut (the kernel prices in fp32 and may fuse a
-    multiply-add, so a near-tie can go either way). The GPU test compares the kernel's buffer with it;
-    CPU tests check its invariants."""
+    4096 CTAs; none without segment_table (a plan whose launch walks runs: PathFacts.runs_segments)}.
+    piece_cost and balanced_margin: the kernel's cost model (a loaded library's Library.schedule_model()).
+    `kind` forces the cut (the kernel prices in fp32 and may fuse a multiply-add, so a near-tie can go
+    either way). The GPU test compares the kernel's buffer with it; CPU tests check its invariants."""
     batch = len(seq_lens)
     tiles = [0 if n < 0 or n > max_keys else _tiles(n) for n in seq_lens]
     cost, acc = [], 0
