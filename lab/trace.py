@@ -246,7 +246,7 @@ def main(argv=None) -> int:
             splits = bench.schedule_label(plan)
             if isinstance(splits, int):  # one request: the uniform split
                 grid_x, grid_y = m_blocks * batch, splits
-            elif plan._sched_launches[0].facts.rows_per_cta < 64:  # transposed: one CTA per segment
+            elif plan._sched_segments:  # transposed: one CTA per segment (PathFacts.runs_segments)
                 grid_x, grid_y = m_blocks * (batch + plan.sched_ctas), 1
             else:
                 grid_x, grid_y = m_blocks * plan.sched_ctas, 1

@@ -291,14 +291,12 @@ def reference_schedule(seq_lens: list[int], max_keys: int, ctas: int, overhead: 
         first_piece += last - first + 1
     shared = [b for b in range(batch) if requests[b][3] > 1]
     segments, cost_class = [], {}
-    for b, (n, first, _, pieces) in enumerate(requests):
+    for b, (n, first, _, pieces) in enumerate(requests if segment_table else []):
         for c in range(first, first + pieces):
             t0 = bounds[c][1] if bounds[c][0] == b else 0
             t1 = bounds[c + 1][1] if bounds[c + 1][0] == b else n
             segments.append((b, c))
             cost_class[b, c] = (t1 - t0 + overhead) * 256 // (busiest + 1)
-    if not segment_table:
-        segments = []
     if len(segments) <= SEGMENT_SORT_MAX and batch < 1 << 20 and ctas <= 4096:  # costliest class first (stable)
         segments.sort(key=lambda s: -cost_class[s])
     return {"bounds": bounds, "requests": requests, "kind": kind, "prices": prices, "shared": shared,
