@@ -60,10 +60,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding over the last dim (64), rotate-half layout, base 10000; positions [...] ints."""
-    inv = 10000.0 ** (-torch.arange(0, ROPE, 2, dtype=torch.float32, device=x.device) / ROPE)
-    ang = positions.to(torch.float32)[..., None] * inv                   # [..., 32]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    """Rotary embedding over the last dim (64), rotate-half layout, base 10000; positions [...] ints.
+    The angles, cos and sin are computed in float64 and rounded to x's dtype: a vectorized fp32 cos and a
+    scalar one may differ by an ulp, and the cache rows must not depend on which one a process ran."""
+    inv = 10000.0 ** (-torch.arange(0, ROPE, 2, dtype=torch.float64, device=x.device) / ROPE)
+    ang = positions.to(torch.float64)[..., None] * inv                   # [..., 32]
+    cos, sin = (torch.cat([f] * 2, -1).to(x.dtype) for f in (ang.cos(), ang.sin()))
     while cos.dim() < x.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     half = torch.cat([-x[..., ROPE // 2:], x[..., : ROPE // 2]], -1)
@@ -84,9 +86,10 @@ class Shard:
 
     def latent_rows(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The cache rows [tokens, 576] of hidden states x [tokens, hidden] at positions [tokens]. The fp32
-        (CPU) layer computes them in float64 and rounds once: every rank then writes exactly the TP-1 run's
-        rows into its bf16 or fp8 cache replica, whatever blocking or thread count the CPU matmul picks (in
-        fp32, a sum in another order flipped a cache rounding now and then: 2e-4 against the TP-1 output)."""
+        (CPU) layer computes them wholly in float64 (matmul, norm and RoPE) and rounds once: every rank then
+        writes exactly the TP-1 run's rows into its bf16 or fp8 cache replica, whatever blocking, thread
+        count or vector width the CPU picks (one flipped cache rounding moves the output by about 2e-4 in
+        bf16 and 1e-3 in fp8 against the 1e-5 bound)."""
         wide = x.dtype == torch.float32
         kv = x.double() @ self.kv_a.double().T if wide else x @ self.kv_a.T
         rows = torch.cat([rms_norm(kv[:, :KV_LORA], self.kv_a_norm), rope(kv[:, KV_LORA:], positions)], -1)
@@ -188,9 +191,10 @@ def worker(rank: int, args, tmp: str) -> None:
         per = HEADS // args.world_size
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         shard = Shard(weights, rank * per, (rank + 1) * per, device, dtype)
-        outs, ms, share = run_layer(shard, _cache_for(args, device, args.seed), args, device, dist.all_reduce)
+        cache = _cache_for(args, device, args.seed)
+        outs, ms, share = run_layer(shard, cache, args, device, dist.all_reduce)
         if rank == 0:  # a file, not a queue: shared-memory tensors would outlive this process
-            torch.save((outs, ms, share), os.path.join(tmp, "rank0.pt"))
+            torch.save((outs, ms, share, cache.kv.cpu()), os.path.join(tmp, "rank0.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -227,12 +231,17 @@ def main(argv=None) -> int:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     full = Shard(make_weights(args.seed, args.hidden), 0, HEADS, device, dtype)
-    ref, ref_ms, ref_share = run_layer(full, _cache_for(args, device, args.seed), args, device, lambda t: None)
+    ref_cache = _cache_for(args, device, args.seed)
+    ref, ref_ms, ref_share = run_layer(full, ref_cache, args, device, lambda t: None)
     del full
 
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(worker, args=(args, tmp), nprocs=args.world_size, start_method="spawn")
-        outs, ms, share = torch.load(os.path.join(tmp, "rank0.pt"))
+        outs, ms, share, kv = torch.load(os.path.join(tmp, "rank0.pt"))
+    # Every rank writes the same rows into its replica: a cache that differs from TP-1's would explain a
+    # mismatch below without a sharding bug, so say so.
+    differ = int((kv.view(torch.uint8) != ref_cache.kv.cpu().view(torch.uint8)).sum())
+    print(f"rank 0's cache replica vs TP-1's: {'bitwise equal' if differ == 0 else f'{differ} bytes differ'}")
     atol = args.atol if args.atol is not None else (1e-5 if dtype == torch.float32 else 2e-2)
     ok = True
     for step, (a, b) in enumerate(zip(outs, ref)):
