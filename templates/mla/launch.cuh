@@ -174,7 +174,8 @@ int launch(const MlaDecodeArgs* args) {
   // A scheduled launch of the transposed path runs one CTA per segment of the schedule (at most
   // batch + sched_ctas - 1; schedule.cuh), the 64-row and fast kernels one CTA per run.
   constexpr bool kStPath = !CacheTypes<Cache>::kFast && Facts::kRows < kBlockM;
-  if (scheduled && second) return int(cudaErrorInvalidValue);  // the 64-row second kernel has no scheduled form
+  // Only a balanced variant has scheduled kernels, and its 64-row second kernel has none.
+  if (scheduled && (second || !Facts::kBalanced)) return int(cudaErrorInvalidValue);
   const int64_t grid_x =
       int64_t(p.num_m_blocks) * (!scheduled ? a.batch : kStPath ? int64_t(a.batch) + a.sched_ctas : a.sched_ctas);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
@@ -200,27 +201,16 @@ int launch(const MlaDecodeArgs* args) {
   if (second) {  // the variant's second kernel (second_kernel.cuh), fast variants' included
     if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
   } else if constexpr (CacheTypes<Cache>::kFast) {
-    auto kernel = fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>;
-    if constexpr (Facts::kBalanced) {
-      if (scheduled) kernel = fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT, true>;
-    }
-    err = launch_decode_kernel<fast::Storage>(kernel, p, grid, stream);
+    err = launch_decode_kernel<fast::Storage>(
+        scheduled ? fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kBalanced>
+                  : fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid, stream);
   } else if constexpr (Facts::kMaxRows > Facts::kRows) {
-    if constexpr (Facts::kBalanced) {
-      if (scheduled) {
-        err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows, true>(rows, p, grid, stream);
-      } else {
-        err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
-      }
-    } else {
-      err = launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
-    }
+    err = scheduled ? launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows, Facts::kBalanced>(rows, p, grid, stream)
+                    : launch_st_rows<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kRows>(rows, p, grid, stream);
   } else {
-    auto kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>;
-    if constexpr (Facts::kBalanced) {
-      if (scheduled) kernel = mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, true>;
-    }
-    err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(kernel, p, grid, stream);
+    err = launch_decode_kernel<KernelStorage<Cache, Facts::kRows>>(
+        scheduled ? mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kBalanced>
+                  : mla_decode_kernel<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid, stream);
   }
   if (err != cudaSuccess) return int(err);
 
