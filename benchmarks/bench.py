@@ -438,9 +438,8 @@ def schedule_label(plan: MLADecodePlan):
     """What a scheduled plan's step launches, for the results' num_kv_splits field: "b66" / "u66" (the
     balanced or the uniform-equivalent cut on 66 CTAs a row block), or the split count of a one-request
     step, which keeps the uniform split (MLADecodePlan.schedule)."""
-    if plan._schedules[plan._sched_batch] is None:
-        return plan._one_request_splits
-    return f"{plan.scheduled_cut()[0]}{plan.sched_ctas}"
+    step = plan.scheduled_step()
+    return step.num_kv_splits if step.batch == 1 else f"{step.cut[0]}{step.ctas}"
 
 
 def code_warm_call(case: dict, splits: int, dtype: torch.dtype, q_len: int, gen: torch.Generator):

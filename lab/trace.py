@@ -243,13 +243,13 @@ def main(argv=None) -> int:
             if schedule is None:
                 print(f"{name}: skipped (the balanced schedule does not serve this case)")
                 continue
-            splits = bench.schedule_label(plan)
-            if isinstance(splits, int):  # one request: the uniform split
-                grid_x, grid_y = m_blocks * batch, splits
-            elif plan._sched_segments:  # transposed: one CTA per segment (PathFacts.runs_segments)
-                grid_x, grid_y = m_blocks * (batch + plan.sched_ctas), 1
+            splits, step = bench.schedule_label(plan), plan.scheduled_step()
+            if step.batch == 1:  # one request: the uniform split
+                grid_x, grid_y = m_blocks * batch, step.num_kv_splits
+            elif step.per_segment:  # transposed: one CTA per segment
+                grid_x, grid_y = m_blocks * (batch + step.ctas), 1
             else:
-                grid_x, grid_y = m_blocks * plan.sched_ctas, 1
+                grid_x, grid_y = m_blocks * step.ctas, 1
 
         if grid_x * grid_y > trace_buf.capacity:
             print(f"{name}: note: {grid_x * grid_y} CTAs, only the first {trace_buf.capacity} stamp", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 import struct
+from typing import NamedTuple
 
 from codegen.variant import FP8_FAST, ST_MAX_HEADS, PathFacts, call_dtype
 
@@ -32,6 +33,21 @@ SCHEDULE_OVERHEAD_TILES = 3
 SCHEDULE_OVERHEAD_TILES_FP8_FAST = 8
 
 _STREAM = struct.Struct("@Q")
+
+
+class ScheduledStep(NamedTuple):
+    """What :meth:`MLADecodePlan.run` launches after the last :meth:`MLADecodePlan.schedule` (a diagnostic).
+
+    batch: the scheduled batch. cut: "balanced" or "uniform" (:meth:`MLADecodePlan.scheduled_cut`).
+    ctas: the CTAs a row block the schedule was cut for (the plan's sched_ctas); 0 for one request, which
+    runs the uniform split with num_kv_splits splits (0 otherwise). per_segment: the launch runs one CTA
+    per segment of the schedule (the transposed path, at most batch + ctas - 1 a row block) rather than
+    one per run of tiles (codegen.variant.PathFacts.runs_segments)."""
+    batch: int
+    cut: str
+    ctas: int
+    num_kv_splits: int
+    per_segment: bool
 
 
 class MLADecodePlan:
@@ -244,6 +260,16 @@ class MLADecodePlan:
             return "uniform"
         offset = _binding.library().cdll.mla_variants_schedule_kind_offset(self._sched_batch, self.sched_ctas)
         return "uniform" if int(self._schedules[self._sched_batch][offset].item()) else "balanced"
+
+    def scheduled_step(self) -> ScheduledStep | None:
+        """What :meth:`run` launches after the last :meth:`schedule` (None before any): a
+        :class:`ScheduledStep`. Reads the device like :meth:`scheduled_cut` (for diagnostics and
+        benchmarks, not the step)."""
+        if not self._sched_batch:
+            return None
+        if self._schedules[self._sched_batch] is None:  # one request: the uniform split, no schedule kernel
+            return ScheduledStep(1, "uniform", 0, self._one_request_splits, False)
+        return ScheduledStep(self._sched_batch, self.scheduled_cut(), self.sched_ctas, 0, self._sched_segments)
 
     def run(self, q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
             *, out: torch.Tensor, lse: torch.Tensor, k_scale=None):

@@ -245,6 +245,7 @@ def test_schedule_kernel_matches_the_python_model(seed, path):
     if abs(bal - margin * uni) > 1e-3 * uni:
         assert kind == int(not bal < margin * uni)
     assert plan.scheduled_cut() == ("uniform" if kind else "balanced")
+    assert plan.scheduled_step() == (batch, plan.scheduled_cut(), g, 0, path == "transposed")
 
 
 def _st_keys(dtype):
@@ -296,7 +297,7 @@ def test_transposed_balanced_plans_match_reference(dtype, q_len):
 
 def test_one_request_keeps_the_uniform_split():
     """schedule() for one request runs no kernel: run and a bound step take the uniform split (the plan's
-    split count for one request), bit for bit mla_decode's with that count; scheduled_cut says so."""
+    split count for one request), bit for bit mla_decode's with that count; scheduled_cut and scheduled_step say so."""
     from mla_variants import mla_decode
     if not _keys():
         pytest.skip("no bf16 split variant in this build")
@@ -305,6 +306,7 @@ def test_one_request_keeps_the_uniform_split():
         plan = MLADecodePlan(8, heads, page, max_seq_len=8192, balanced=True)
         assert plan.schedule(case.seq_lens) and plan.scheduled_cut() == "uniform"
         assert plan._schedules[1] is None
+        assert plan.scheduled_step() == (1, "uniform", 0, plan._one_request_splits, False)
         out, lse = plan.run(case.q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                             out=torch.full((1, 1, heads, 512), float("nan"), dtype=case.q.dtype, device="cuda"),
                             lse=torch.full((1, heads, 1), float("nan"), device="cuda"))
