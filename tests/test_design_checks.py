@@ -19,20 +19,24 @@ DESIGN = Path(__file__).resolve().parent / "design"
 def test_seesaw_protocol_simulation_passes(capsys):
     """The 64-row ring's barrier protocol: the fp8 kernels with the in-place widening producer (two stages
     of 64 tokens, tile a released before S(b), with cp.async copies and with TMA pages' copies; the
-    short-split kernel's four stages of 32, S first) and the 16-bit kernels (two stages of 64, S first):
-    no deadlock, stale phase, over-arrival, data race or unbalanced named barrier over num_tiles 1-12
+    short-split kernel's four stages of 32, S first) and the 16-bit kernels (two stages of 64, S first),
+    uniform and on the balanced schedule (segments of 0-9 tiles, Q refilled after q_empty): no deadlock,
+    stale phase, over-arrival, data race (Q's included) or unbalanced named barrier over num_tiles 1-12
     and five scheduling policies (6 random interleavings each here; the script's default is 200)."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](6) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert out.count(" OK: ") == 4, out
+    assert out.count(" OK: ") == 5, out
 
 
-@pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 4), ("no_w8", 3), ("tma_no_bar", 1)])
+@pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 5), ("no_w8", 3), ("tma_no_bar", 1),
+                                               ("q_release_first", 1), ("no_phase_carry", 1)])
 def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
     """The simulation can fail: a kv_full count for one widening warp, warpgroup 0 releasing its half of
-    V before P V reads it, widening warps that overwrite raw bytes without their barrier, and TMA pages'
-    copy warps without their named barrier are each reported in every configuration they apply to."""
+    V before P V reads it, widening warps that overwrite raw bytes without their barrier, TMA pages'
+    copy warps without their named barrier, math warps that release Q before their S wgmmas read it and
+    a scheduled walk that does not carry the stages' parities are each reported in every configuration
+    they apply to."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
     capsys.readouterr()

@@ -35,7 +35,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, Err, barrier_op, cli, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, Err, barrier_op, cli, segments_of, step_one, sweep  # noqa: E402
 
 STAGES = 4  # fp8_fast.cuh kStages
 MUTATIONS = ("tma_no_bar", "early_release", "p_full_early", "no_end_bar", "no_phase_carry", "no_segment_bar", "stage_in_ring")
@@ -274,14 +274,6 @@ class Sim:
         for nb in s.nb.values():
             if nb.arrived:
                 raise Err(f"named barrier {nb.name} ends with arrivals of {sorted(nb.arrived)}")
-
-
-def segments_of(n, rng, scheduled):
-    """The uniform kernel: one segment of n tiles. Scheduled: 1-4 segments, the first of n - 1 tiles (so
-    empty ones come first too), the others of 0-9."""
-    if not scheduled:
-        return [n]
-    return [n - 1] + [rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 9)) for _ in range(rng.randrange(4))]
 
 
 def main(nseeds=None, mutation=None):

@@ -123,3 +123,11 @@ def sweep(tag, run, tiles, policies, nseeds):
     for e, where in list(errs.items())[:5]:
         print("   ", e, "e.g.", where[:3], f"({len(where)} runs)")
     return 1
+
+
+def segments_of(n, rng, scheduled):
+    """A simulated CTA's segments (tile counts): the uniform kernel's one of n tiles; on the balanced
+    schedule 1-4 segments, the first of n - 1 tiles (so empty ones come first too), the others of 0-9."""
+    if not scheduled:
+        return [n]
+    return [n - 1] + [rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 9)) for _ in range(rng.randrange(4))]

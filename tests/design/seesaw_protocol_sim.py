@@ -5,7 +5,10 @@ first), and at two stages with the fp8 TMA pages' copies (a launch with tma != "
 TMA serves: copy warp 0 alone waits for and issues the full tiles, one arrival of 64 per slot whose
 bytes land in any order, then the copy warps' named barrier; the partial last tile, if the seed makes
 one, by both warps); and with the 16-bit producer (producer.cuh produce: one in-order copy per slot
-into two stages of 64, S first).
+into two stages of 64, S first), uniform (one segment) and on the balanced schedule's walk
+(scheduled.cuh produce_scheduled / consume_scheduled: segments of 0-9 tiles, each from stage 0 with the
+stages' parities carried; before each segment's Q but the first the producer waits on q_empty, which
+every math warp arrives on once done with Q; the math warpgroups meet at kBarEnd after each segment).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -24,23 +27,40 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
   no_w8          the widening warps skip the barrier between reading the raw bytes and overwriting them
   tma_no_bar     TMA pages without the copy warps' named barrier (copy warp 1 then waits for a slot's
                  release a phase too early; only the TMA configuration runs)
+  q_release_first  the math warps arrive on q_empty when a segment starts, before their S wgmmas read
+                 Q (only the scheduled configuration runs)
+  no_phase_carry the math warps' waits take each segment's stage parities from 0 instead of carrying
+                 them (only the scheduled configuration runs)
 
     python3 tests/design/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
-    # 200: minutes; the design tests run main(6): 4 configurations
+    # 200: minutes; the design tests run main(6): 5 configurations
 """
 import os
 import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol_kit import MB, NB, NSUB, Err, barrier_op, cli, empty_count, step_one, sweep  # noqa: E402
+from protocol_kit import MB, NB, NSUB, Err, barrier_op, cli, empty_count, segments_of, step_one, sweep  # noqa: E402
 
 NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening warps (kv_full: 64)
 
 class Sim:
-    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False):
-        assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar"), mutation
-        s.n, s.ring, s.rng, s.policy, s.mutation, s.b16 = n, ring, rng, policy, mutation, b16
+    def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False, segs=None):
+        assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar", "q_release_first",
+                            "no_phase_carry"), mutation
+        s.segs = [n] if segs is None else segs  # the CTA's segments' tile counts (16-bit scheduled: several)
+        s.n, s.ring, s.rng, s.policy, s.mutation, s.b16 = sum(s.segs), ring, rng, policy, mutation, b16
+        n = s.n
+        # Per tile t (numbered across segments): its segment, index in it, stage (a segment's tile 0 takes
+        # stage 0), use of that stage (its parity is the barriers' parity) and the stage's previous tile.
+        s.seg_of, s.local, s.stage, s.use, s.prev = [], [], [], [], []
+        uses, last = [0] * ring, [None] * ring
+        for k, m in enumerate(s.segs):
+            for j in range(m):
+                st = j % ring
+                s.seg_of.append(k); s.local.append(j); s.stage.append(st); s.use.append(uses[st]); s.prev.append(last[st])
+                uses[st] += 1
+                last[st] = len(s.stage) - 1
         # TMA pages: the full tiles (all but a partial last one, which the seed decides) go by TMA
         s.tma, s.n_full = tma, (n - rng.randrange(2)) if tma else 0
         full_count = 128 if b16 else 32 if mutation == "full32" else 64
@@ -48,7 +68,10 @@ class Sim:
         s.kv_empty = [MB(f"kv_empty[{i}]", empty_count(i // NSUB, i % NSUB)) for i in range(ring * NSUB)]
         s.raw_full = [MB(f"raw_full[{i}]", 64) for i in range(ring * NSUB)]
         s.q_full = MB("q_full", 128)
-        s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8", "C7")}
+        s.q_empty = MB("q_empty", 8)  # one arrival per math warp (each warpgroup agent arrives 4)
+        s.q_in = None                 # the segment whose Q the producer last wrote
+        s.q_reads = {}                # segment -> its S wgmma groups (readers of Q) completed
+        s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8", "C7", "End")}
         s.events = {"copy0": [], "copy1": [], "tma": []}  # cp.async lands in order per warp, TMA in any order
         # data state per slot
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
@@ -66,9 +89,9 @@ class Sim:
         s.agents.update({"wg0": s.math(0), "wg1": s.math(1)})
 
     def check_readers_done(s, t, c, what):
-        """Slot c of tile t overwrites tile t - ring's data there: every reader of that use must be done."""
-        if t >= s.ring:
-            prev = t - s.ring
+        """Slot c of tile t overwrites the stage's previous tile there: every reader of that use must be done."""
+        prev = s.prev[t]
+        if prev is not None:
             need = s.required_readers(prev, c)
             got = s.reads_done.get((prev, c), set())
             if not need <= got:
@@ -76,7 +99,7 @@ class Sim:
 
     # readers that tile t's slot c must see complete before slot reuse
     def required_readers(s, t, c):
-        owner = t % 2
+        owner = s.local[t] % 2
         r = {f"S{owner}"}
         if c == NSUB - 1:
             r |= {"PV0", "PV1"}
@@ -90,13 +113,22 @@ class Sim:
 
     # ---------------- the 16-bit producer (produce, cp.async path)
     def produce16(s):
-        yield ("arrive", s.q_full, 128)
-        for t in range(s.n):
-            for c in range(NSUB):
-                slot = (t % s.ring) * NSUB + c
-                yield ("wait", s.kv_empty[slot], ((t // s.ring) & 1) ^ 1, t // s.ring, f"producer t{t} c{c}")
-                yield ("check_copy", t, c, 0)
-                yield ("async_arrive", "copy0", s.kv_full[slot], 128, (t, c), 1)
+        t, k = 0, 0  # the next tile; segments with tiles so far (Q's fills)
+        for m in s.segs:
+            if m == 0:
+                continue  # no tiles: no Q either
+            if k > 0:
+                yield ("wait", s.q_empty, (k & 1) ^ 1, k, f"producer Q fill {k}")
+            yield ("check_q_write", s.seg_of[t])
+            yield ("async_arrive", "copy0", s.q_full, 128, ("Q", s.seg_of[t]), 1)
+            k += 1
+            for _ in range(m):
+                for c in range(NSUB):
+                    slot = s.stage[t] * NSUB + c
+                    yield ("wait", s.kv_empty[slot], (s.use[t] & 1) ^ 1, s.use[t], f"producer t{t} c{c}")
+                    yield ("check_copy", t, c, 0)
+                    yield ("async_arrive", "copy0", s.kv_full[slot], 128, (t, c), 1)
+                t += 1
 
     # ---------------- copy warps (copy_fp8_tiles, two calls: tile 0, then 1..n-1; Q is rounded between)
     def copy(s, w):
@@ -144,35 +176,53 @@ class Sim:
 
     # ---------------- math warpgroups (consume_two_stage)
     def issue_s(s, wg, t, stage, parity):
+        want = s.use[t] + 1
+        if s.mutation == "no_phase_carry":
+            parity, want = (s.local[t] // 2) & 1, s.local[t] // 2 + 1
         for c in range(NSUB):
-            yield ("wait", s.kv_full[stage * NSUB + c], parity, t // s.ring + 1, f"wg{wg} S t{t} c{c}")
+            yield ("wait", s.kv_full[stage * NSUB + c], parity, want, f"wg{wg} S t{t} c{c}")
             yield ("check_math_read", t, c)
-        yield ("group", wg, (t, tuple(range(NSUB)), f"S{wg}"))
+        yield ("group", wg, (t, tuple(range(NSUB)), f"S{wg}", s.seg_of[t]))  # reads Q of its segment too
 
     def pv(s, wg, t):
         slots = tuple(range(4 * wg, 4 * wg + 4)) + (NSUB - 1,)
-        yield ("group", wg, (t, slots, f"PV{wg}"))
+        yield ("group", wg, (t, slots, f"PV{wg}", None))
 
     def rel(s, wg, stage, first, cnt):
         for j in range(cnt):
             yield ("arrive", s.kv_empty[stage * NSUB + first + j], 4)
 
     def math(s, wg):
-        ring, sfirst = s.ring, s.sfirst
-        yield ("wait", s.q_full, 0, 1, f"wg{wg} q")
-        for i in range((s.n + 1) // 2):
-            sa = (2 * i) % ring; sb = sa + 1
-            use = i // (ring // 2)
-            p0 = use & 1; p1 = use & 1
-            a, b = 2 * i, 2 * i + 1
-            has_b = b < s.n
+        """rows_64 per segment: consume_two_stage over its tiles, then (16-bit) the q_empty arrival and kBarEnd."""
+        t0, k, pair = 0, 0, 0  # the segment's first tile; segments with tiles so far; pairs so far
+        for m in s.segs:
+            if m:
+                yield from s.math_segment(wg, t0, m, k, pair)
+                k += 1
+            if s.b16:
+                yield ("nb_sync", s.nb["End"], f"wg{wg}")
+            t0 += m
+            pair += (m + 1) // 2
+
+    def math_segment(s, wg, t0, m, k, pair):
+        """consume_two_stage over tiles t0 .. t0 + m - 1 (k: Q's fill; pair: row_max's pair count)."""
+        sfirst = s.sfirst
+        yield ("wait", s.q_full, k & 1, k + 1, f"wg{wg} q fill {k}")
+        if s.mutation == "q_release_first":
+            yield ("arrive", s.q_empty, 4)
+        for i in range((m + 1) // 2):
+            a, b = t0 + 2 * i, t0 + 2 * i + 1
+            has_b = 2 * i + 1 < m
+            sa, sb = s.stage[a], s.stage[a] + 1
+            p0 = s.use[a] & 1
+            p1 = s.use[b] & 1 if has_b else None
             if wg == 0:
                 yield from s.issue_s(0, a, sa, p0)
                 yield ("wgwait", 0, 0)
                 yield from s.rel(0, sa, 4, 4)
                 if s.mutation == "early_release":
                     yield from s.rel(0, sa, 0, 4)
-                yield ("rowmax", 0, "w", i)
+                yield ("rowmax", 0, "w", pair + i)
                 yield ("nb_arrive", s.nb["MaxA"], "wg0")
                 yield ("nb_arrive", s.nb["PA"], "wg0")
                 yield from s.pv(0, a)
@@ -182,7 +232,7 @@ class Sim:
                 yield from s.rel(0, sa, NSUB - 1, 1)
                 if has_b:
                     yield ("nb_sync", s.nb["MaxPB"], "wg0")
-                    yield ("rowmax", 1, "r", i)
+                    yield ("rowmax", 1, "r", pair + i)
                     yield from s.pv(0, b)
                     yield ("wgwait", 0, 0)
                     yield from s.rel(0, sb, 0, 4)
@@ -191,7 +241,7 @@ class Sim:
                 if sfirst and has_b:
                     yield from s.issue_s(1, b, sb, p1)
                 yield ("nb_sync", s.nb["MaxA"], "wg1")
-                yield ("rowmax", 0, "r", i)
+                yield ("rowmax", 0, "r", pair + i)
                 yield ("nb_sync", s.nb["PA"], "wg1")
                 yield from s.pv(1, a)
                 if not sfirst:
@@ -203,7 +253,7 @@ class Sim:
                 if has_b:
                     yield ("wgwait", 1, 1 if sfirst else 0)
                     yield from s.rel(1, sb, 0, 4)
-                    yield ("rowmax", 1, "w", i)
+                    yield ("rowmax", 1, "w", pair + i)
                     yield ("nb_arrive", s.nb["MaxPB"], "wg1")
                     if sfirst:
                         yield ("wgwait", 1, 0)
@@ -217,6 +267,8 @@ class Sim:
                     yield ("wgwait", 1, 0)
                     yield from s.rel(1, sa, 4, 4)
                     yield from s.rel(1, sa, NSUB - 1, 1)
+        if s.b16 and s.mutation != "q_release_first":  # rows_64: every math warp is done with Q
+            yield ("arrive", s.q_empty, 4)
 
     # ---------------- op execution: returns True if op completed, False if blocked
     def try_op(s, name, op):
@@ -235,14 +287,25 @@ class Sim:
             for c in rd[1]:
                 if not s.readable(rd[0], c):
                     raise Err(f"{rd[2]} reads tile {rd[0]} slot {c} before its bytes are there")
+            if rd[3] is not None and s.b16 and (s.q_in != rd[3] or not s.landed.get(("Q", rd[3]))):
+                raise Err(f"{rd[2]} of segment {rd[3]} reads Q before it is there (Q of segment {s.q_in} written)")
             s.pending_reads.setdefault(wg, []).append(rd); return True
         if k == "wgwait":
             _, wg, keep = op
             lst = s.pending_reads.get(wg, [])
             while len(lst) > keep:
-                t, slots, tag = lst.pop(0)
+                t, slots, tag, q_seg = lst.pop(0)
                 for c in slots:
                     s.reads_done.setdefault((t, c), set()).add(tag)
+                if q_seg is not None:
+                    s.q_reads[q_seg] = s.q_reads.get(q_seg, 0) + 1
+            return True
+        if k == "check_q_write":  # Q's previous segment: every S wgmma (one per tile) has completed
+            prev = s.q_in
+            if prev is not None and s.q_reads.get(prev, 0) != s.segs[prev]:
+                raise Err(f"producer overwrites Q of segment {prev} after {s.q_reads.get(prev, 0)} of its "
+                          f"{s.segs[prev]} S wgmmas completed")
+            s.q_in = op[1]
             return True
         if k == "check_copy":
             _, t, c, w = op
@@ -278,20 +341,26 @@ class Sim:
         if k == "rowmax":
             _, buf, rw, i = op
             log = s.rowmax[buf]
-            # writer of buffer: wg0 for buf 0, wg1 for buf 1; reader: the other. A write of pair i must
-            # come after the read of pair i-1 (if pair i-1 had a read).
-            if rw == "w" and i > 0 and ("r", i - 1) not in log:
-                raise Err(f"row_max[{buf}] of pair {i} written before pair {i-1}'s was read")
+            # writer of buffer: wg0 for buf 0, wg1 for buf 1; reader: the other. A write must come after
+            # the read of the buffer's previous write (pairs are counted across segments; a segment's
+            # last pair without tile b writes no row_max[1]).
+            writes = [j for rw2, j in log if rw2 == "w"]
+            if rw == "w" and writes and ("r", writes[-1]) not in log:
+                raise Err(f"row_max[{buf}] of pair {i} written before pair {writes[-1]}'s was read")
             if rw == "r" and ("w", i) not in log:
                 raise Err(f"row_max[{buf}] of pair {i} read before written")
-            if rw == "r" and ("w", i + 1) in log:
+            if rw == "r" and any(j > i for j in writes):
                 raise Err(f"row_max[{buf}] pair {i} overwritten before read")
             log.append((rw, i)); return True
         raise Err(f"bad op {op}")
 
     def run(s, max_steps=10 ** 6):
-        cur = {k: next(g) for k, g in s.agents.items()}
-        done = set()
+        cur, done = {}, set()
+        for k, g in s.agents.items():
+            try:
+                cur[k] = next(g)
+            except StopIteration:  # nothing to do (a scheduled producer whose segments have no tiles)
+                done.add(k)
         steps = 0
         while True:
             steps += 1
@@ -334,7 +403,7 @@ class Sim:
                 if not need <= s.reads_done.get((t, c), set()):
                     raise Err(f"tile {t} slot {c} not fully read")
         # barriers balanced: every kv_empty has no partial phase
-        for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full]:
+        for mb in s.kv_empty + s.kv_full + s.raw_full + [s.q_full, s.q_empty]:
             if mb.pending != mb.count:
                 raise Err(f"{mb.name} ends with a partial phase ({mb.count - mb.pending} of {mb.count})")
         for nb in s.nb.values():
@@ -361,19 +430,26 @@ def main(nseeds=None, mutation=None):
     for ring, sfirst, groups in ((4, True, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]),
                                  (2, False, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
         for tma in ((False, True) if ring == 2 else (False,)):
-            if mutation == "tma_no_bar" and not tma:
+            if mutation in ("tma_no_bar", "q_release_first", "no_phase_carry") and not tma or \
+                    mutation in ("q_release_first", "no_phase_carry"):
                 continue
-            configs.append((ring, sfirst, groups, tma, False))
-    if mutation in (None, "early_release"):  # the 16-bit kernels: two stages of 64, S first
-        configs.append((2, True, None, False, True))
+            configs.append((ring, sfirst, groups, tma, False, False))
+    # The 16-bit kernels: two stages of 64, S first; uniform (one segment) and on the balanced schedule.
+    for scheduled in (False, True):
+        if mutation in (None, "early_release") or (mutation in ("q_release_first", "no_phase_carry") and scheduled):
+            configs.append((2, True, None, False, True, scheduled))
     bad = 0
-    for ring, sfirst, groups, tma, b16 in configs:
+    for ring, sfirst, groups, tma, b16, scheduled in configs:
         tag = f"ring={ring} kSFirst={sfirst}" + (" TMA" if tma else "") + (" 16-bit" if b16 else "")
+        tag += " scheduled" if scheduled else ""
         if mutation is not None:
             tag += f" mutation={mutation}"
-        bad += sweep(tag, lambda n, policy, seed: Sim(n, ring, sfirst, groups, random.Random(seed * 1000 + n), policy,
-                                                      mutation, tma, b16).run(),
-                     range(1, 13), ("random", "producer_first", "math_first", "wg0_first", "wg1_first"), nseeds)
+
+        def run(n, policy, seed):
+            rng = random.Random(seed * 1000 + n)
+            Sim(n, ring, sfirst, groups, rng, policy, mutation, tma, b16, segments_of(n, rng, scheduled)).run()
+
+        bad += sweep(tag, run, range(1, 13), ("random", "producer_first", "math_first", "wg0_first", "wg1_first"), nseeds)
     return bad
 
 if __name__ == "__main__":
