@@ -174,8 +174,7 @@ int launch(const MlaDecodeArgs* args) {
   // A scheduled launch of the transposed path runs one CTA per segment of the schedule (at most
   // batch + sched_ctas - 1; schedule.cuh), the 64-row and fast kernels one CTA per run.
   constexpr bool kStPath = !CacheTypes<Cache>::kFast && Facts::kRows < kBlockM;
-  // Only a balanced variant has scheduled kernels, and its 64-row second kernel has none.
-  if (scheduled && (second || !Facts::kBalanced)) return int(cudaErrorInvalidValue);
+  if (scheduled && second) return int(cudaErrorInvalidValue);  // the 64-row second kernel has no scheduled form
   const int64_t grid_x =
       int64_t(p.num_m_blocks) * (!scheduled ? a.batch : kStPath ? int64_t(a.batch) + a.sched_ctas : a.sched_ctas);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
@@ -200,7 +199,7 @@ int launch(const MlaDecodeArgs* args) {
   cudaError_t err = cudaSuccess;
   if (second) {  // the variant's second kernel (second_kernel.cuh), fast variants' included
     if constexpr (Facts::kSecond != SecondKernel::kNone) err = launch_second<Cache, NUM_HEADS, PAGE_SIZE, SPLIT>(p, grid, stream);
-  } else if constexpr (CacheTypes<Cache>::kFast) {
+  } else if constexpr (CacheTypes<Cache>::kFast) {  // scheduled implies Facts::kBalanced (checked above)
     err = launch_decode_kernel<fast::Storage>(
         scheduled ? fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT, Facts::kBalanced>
                   : fast::mla_decode_fp8_fast_kernel<NUM_HEADS, PAGE_SIZE, SPLIT>, p, grid, stream);
