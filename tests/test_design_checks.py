@@ -30,13 +30,15 @@ def test_seesaw_protocol_simulation_passes(capsys):
 
 
 @pytest.mark.parametrize("mutation, configs", [("full32", 3), ("early_release", 5), ("no_w8", 3), ("tma_no_bar", 1),
-                                               ("q_release_first", 1), ("no_phase_carry", 1)])
+                                               ("q_release_first", 1), ("no_phase_carry", 1), ("no_q_wait", 1),
+                                               ("no_end_bar", 2)])
 def test_seesaw_protocol_simulation_catches_protocol_bugs(capsys, mutation, configs):
     """The simulation can fail: a kv_full count for one widening warp, warpgroup 0 releasing its half of
     V before P V reads it, widening warps that overwrite raw bytes without their barrier, TMA pages'
-    copy warps without their named barrier, math warps that release Q before their S wgmmas read it and
-    a scheduled walk that does not carry the stages' parities are each reported in every configuration
-    they apply to."""
+    copy warps without their named barrier, math warps that release Q before their S wgmmas read it, a
+    scheduled walk that does not carry the stages' parities, math warps that skip q_full's wait (Q lands
+    late in half the runs) and warpgroups that read each other's row sums without kBarEnd are each
+    reported in every configuration they apply to."""
     sim = runpy.run_path(str(DESIGN / "seesaw_protocol_sim.py"))
     assert sim["main"](2, mutation=mutation) == configs, capsys.readouterr().out
     capsys.readouterr()

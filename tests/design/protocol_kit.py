@@ -130,4 +130,4 @@ def segments_of(n, rng, scheduled):
     schedule 1-4 segments, the first of n - 1 tiles (so empty ones come first too), the others of 0-9."""
     if not scheduled:
         return [n]
-    return [n - 1] + [rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 9)) for _ in range(rng.randrange(4))]
+    return [n - 1] + [rng.randrange(10) for _ in range(rng.randrange(4))]

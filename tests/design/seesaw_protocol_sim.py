@@ -8,7 +8,9 @@ one, by both warps); and with the 16-bit producer (producer.cuh produce: one in-
 into two stages of 64, S first), uniform (one segment) and on the balanced schedule's walk
 (scheduled.cuh produce_scheduled / consume_scheduled: segments of 0-9 tiles, each from stage 0 with the
 stages' parities carried; before each segment's Q but the first the producer waits on q_empty, which
-every math warp arrives on once done with Q; the math warpgroups meet at kBarEnd after each segment).
+every math warp arrives on once done with Q; the math warpgroups meet at kBarEnd after each segment,
+between writing their row sums and reading each other's). Q's copies land independently of the tiles'
+(on TMA pages the tiles come by TMA, Q by cp.async).
 
 Agents: 2 copy warps, 2 widening warps, 2 math warpgroups (each as one agent, arriving 4 warp
 arrivals per release). mbarriers use the hardware parity rule: try_wait.parity(P) passes iff the
@@ -31,6 +33,8 @@ mutation= injects a bug the checks must catch (so the simulation can fail):
                  Q (only the scheduled configuration runs)
   no_phase_carry the math warps' waits take each segment's stage parities from 0 instead of carrying
                  them (only the scheduled configuration runs)
+  no_q_wait      the math warps do not wait on q_full for a segment after the first (scheduled only)
+  no_end_bar     the math warpgroups do not meet at kBarEnd (16-bit configurations)
 
     python3 tests/design/seesaw_protocol_sim.py [seeds per case, default 200] [--mutation=NAME]
     # 200: minutes; the design tests run main(6): 5 configurations
@@ -47,7 +51,7 @@ NCOPY, NWIDEN = 2, 2  # copy warps (raw_full counts their 64 threads), widening 
 class Sim:
     def __init__(s, n, ring, sfirst, groups, rng, policy, mutation=None, tma=False, b16=False, segs=None):
         assert mutation in (None, "full32", "early_release", "no_w8", "tma_no_bar", "q_release_first",
-                            "no_phase_carry"), mutation
+                            "no_phase_carry", "no_q_wait", "no_end_bar"), mutation
         s.segs = [n] if segs is None else segs  # the CTA's segments' tile counts (16-bit scheduled: several)
         s.n, s.ring, s.rng, s.policy, s.mutation, s.b16 = sum(s.segs), ring, rng, policy, mutation, b16
         n = s.n
@@ -72,7 +76,11 @@ class Sim:
         s.q_in = None                 # the segment whose Q the producer last wrote
         s.q_reads = {}                # segment -> its S wgmma groups (readers of Q) completed
         s.nb = {k: NB(k, 2) for k in ("MaxA", "PA", "MaxPB", "W8", "C7", "End")}
-        s.events = {"copy0": [], "copy1": [], "tma": []}  # cp.async lands in order per warp, TMA in any order
+        # cp.async lands in order per warp, TMA in any order; Q (16-bit producer) on its own
+        s.events = {"copy0": [], "copy1": [], "tma": [], "q": []}
+        s.q_late = rng.random() < 0.5  # in half the runs Q's copies land as late as they can (q_full's case)
+        s.row_sum = {0: {}, 1: {}}    # row_sum[buf][wg] -> the segment whose row sums it holds
+        s.sums_pending = {}           # reader wg -> segments whose row sums it has yet to read
         # data state per slot
         s.landed = {}               # (t, slot) -> number of copy warps whose bytes landed
         s.raw_read = {}             # (t, slot) -> widen warps that read raw
@@ -120,7 +128,7 @@ class Sim:
             if k > 0:
                 yield ("wait", s.q_empty, (k & 1) ^ 1, k, f"producer Q fill {k}")
             yield ("check_q_write", s.seg_of[t])
-            yield ("async_arrive", "copy0", s.q_full, 128, ("Q", s.seg_of[t]), 1)
+            yield ("async_arrive", "q", s.q_full, 128, ("Q", s.seg_of[t]), 1)
             k += 1
             for _ in range(m):
                 for c in range(NSUB):
@@ -193,21 +201,26 @@ class Sim:
             yield ("arrive", s.kv_empty[stage * NSUB + first + j], 4)
 
     def math(s, wg):
-        """rows_64 per segment: consume_two_stage over its tiles, then (16-bit) the q_empty arrival and kBarEnd."""
+        """rows_64 per segment: consume_two_stage over its tiles (then the q_empty arrival), and (16-bit)
+        the epilogue's row-sum hand-over: write row_sum[seg & 1][wg], kBarEnd, read both warpgroups'."""
         t0, k, pair = 0, 0, 0  # the segment's first tile; segments with tiles so far; pairs so far
-        for m in s.segs:
+        for j, m in enumerate(s.segs):
             if m:
                 yield from s.math_segment(wg, t0, m, k, pair)
                 k += 1
             if s.b16:
-                yield ("nb_sync", s.nb["End"], f"wg{wg}")
+                yield ("row_sum", "w", j, wg)
+                if s.mutation != "no_end_bar":
+                    yield ("nb_sync", s.nb["End"], f"wg{wg}")
+                yield ("row_sum", "r", j, wg)
             t0 += m
             pair += (m + 1) // 2
 
     def math_segment(s, wg, t0, m, k, pair):
         """consume_two_stage over tiles t0 .. t0 + m - 1 (k: Q's fill; pair: row_max's pair count)."""
         sfirst = s.sfirst
-        yield ("wait", s.q_full, k & 1, k + 1, f"wg{wg} q fill {k}")
+        if not (s.mutation == "no_q_wait" and k > 0):
+            yield ("wait", s.q_full, k & 1, k + 1, f"wg{wg} q fill {k}")
         if s.mutation == "q_release_first":
             yield ("arrive", s.q_empty, 4)
         for i in range((m + 1) // 2):
@@ -300,6 +313,22 @@ class Sim:
                 if q_seg is not None:
                     s.q_reads[q_seg] = s.q_reads.get(q_seg, 0) + 1
             return True
+        if k == "row_sum":  # row_sum[seg & 1]: each warpgroup writes its own, then reads both
+            _, rw, j, wg = op
+            buf = s.row_sum[j & 1]
+            if rw == "w":
+                for reader in (0, 1):
+                    if (j - 2) in s.sums_pending.get(reader, set()):
+                        raise Err(f"wg{wg} writes row_sum[{j & 1}] for segment {j} before wg{reader} read segment {j - 2}'s")
+                buf[wg] = j
+                for reader in (0, 1):
+                    s.sums_pending.setdefault(reader, set()).add(j)
+            else:
+                for w in (0, 1):
+                    if buf.get(w) != j:
+                        raise Err(f"wg{wg} reads row_sum[{j & 1}][{w}] for segment {j}, which holds segment {buf.get(w)}'s")
+                s.sums_pending[wg].discard(j)
+            return True
         if k == "check_q_write":  # Q's previous segment: every S wgmma (one per tile) has completed
             prev = s.q_in
             if prev is not None and s.q_reads.get(prev, 0) != s.segs[prev]:
@@ -369,6 +398,8 @@ class Sim:
                 if k in done: continue
                 runnable.append(k)
             ev = [k for k, q in s.events.items() if q]
+            if s.q_late and "q" in ev and len(ev) > 1:
+                ev.remove("q")  # Q lands only when nothing else can
             progressed = False
             order = runnable[:]
             prod = ("copy", "widen")
@@ -383,7 +414,7 @@ class Sim:
                 rank = lambda k: 0 if k == first else (3 if k.startswith("wg") else (2 if k.startswith("widen") else 1))
                 order.sort(key=lambda k: (rank(k), s.rng.random()))
             # fire events lazily: with prob 0.3 before agents, always if nothing else runs
-            if ev and s.rng.random() < 0.3:
+            if ev and s.rng.random() < 0.3 and not (s.q_late and ev == ["q"]):
                 s.fire(s.rng.choice(ev)); progressed = True
             else:
                 progressed = step_one(order, cur, s.agents, done, s.try_op)
@@ -417,6 +448,9 @@ class Sim:
         mb.arrive(n)
 
 
+SCHEDULED_ONLY = ("q_release_first", "no_phase_carry", "no_q_wait")  # bugs a one-segment walk cannot show
+
+
 def main(nseeds=None, mutation=None):
     """One " OK: " line per configuration without errors; returns the number with errors. mutation: see
     the docstring (every configuration must then report errors)."""
@@ -430,13 +464,12 @@ def main(nseeds=None, mutation=None):
     for ring, sfirst, groups in ((4, True, [(0, 1, 2), (3, 4, 5), (6, 7, 8)]),
                                  (2, False, [(0, 1), (2, 3), (4, 5), (6, 7), (8,)])):
         for tma in ((False, True) if ring == 2 else (False,)):
-            if mutation in ("tma_no_bar", "q_release_first", "no_phase_carry") and not tma or \
-                    mutation in ("q_release_first", "no_phase_carry"):
+            if mutation in ("tma_no_bar",) and not tma or mutation in SCHEDULED_ONLY + ("no_end_bar",):
                 continue
             configs.append((ring, sfirst, groups, tma, False, False))
     # The 16-bit kernels: two stages of 64, S first; uniform (one segment) and on the balanced schedule.
     for scheduled in (False, True):
-        if mutation in (None, "early_release") or (mutation in ("q_release_first", "no_phase_carry") and scheduled):
+        if mutation in (None, "early_release", "no_end_bar") or (mutation in SCHEDULED_ONLY and scheduled):
             configs.append((2, True, None, False, True, scheduled))
     bad = 0
     for ring, sfirst, groups, tma, b16, scheduled in configs:
