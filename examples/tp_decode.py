@@ -61,11 +61,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotary embedding over the last dim (64), rotate-half layout, base 10000; positions [...] ints.
-    The angles, cos and sin are computed in float64 and rounded to x's dtype: a vectorized fp32 cos and a
-    scalar one may differ by an ulp, and the cache rows must not depend on which one a process ran."""
+    The angles, cos and sin are computed in float64, then rounded to fp32 (float64 for a float64 x; a
+    bf16 x is rotated in fp32): a vectorized fp32 cos and a scalar one may differ by an ulp, and the
+    CPU layer's cache rows should not depend on which one a process ran."""
     inv = 10000.0 ** (-torch.arange(0, ROPE, 2, dtype=torch.float64, device=x.device) / ROPE)
     ang = positions.to(torch.float64)[..., None] * inv                   # [..., 32]
-    cos, sin = (torch.cat([f] * 2, -1).to(x.dtype) for f in (ang.cos(), ang.sin()))
+    wide = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = (torch.cat([f] * 2, -1).to(wide) for f in (ang.cos(), ang.sin()))
     while cos.dim() < x.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     half = torch.cat([-x[..., ROPE // 2:], x[..., : ROPE // 2]], -1)
@@ -86,10 +88,11 @@ class Shard:
 
     def latent_rows(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The cache rows [tokens, 576] of hidden states x [tokens, hidden] at positions [tokens]. The fp32
-        (CPU) layer computes them wholly in float64 (matmul, norm and RoPE) and rounds once: every rank then
-        writes exactly the TP-1 run's rows into its bf16 or fp8 cache replica, whatever blocking, thread
-        count or vector width the CPU picks (one flipped cache rounding moves the output by about 2e-4 in
-        bf16 and 1e-3 in fp8 against the 1e-5 bound)."""
+        (CPU) layer computes them wholly in float64 (matmul, norm and RoPE) and rounds once, so every rank
+        writes the TP-1 run's rows into its bf16 or fp8 cache replica whatever blocking, thread count or
+        vector width the CPU picks (a float64 difference of an ulp would have to fall on a rounding
+        boundary; one flipped cache rounding moves the output by about 2e-4 in bf16 and 1e-3 in fp8,
+        against the 1e-5 bound; the example prints whether rank 0's replica equals TP-1's)."""
         wide = x.dtype == torch.float32
         kv = x.double() @ self.kv_a.double().T if wide else x @ self.kv_a.T
         rows = torch.cat([rms_norm(kv[:, :KV_LORA], self.kv_a_norm), rope(kv[:, KV_LORA:], positions)], -1)
