@@ -434,11 +434,10 @@ def balanced_call(inputs: dict, out: torch.Tensor, lse: torch.Tensor, num_kv_spl
     return call, plan, (schedule if schedule() else None)
 
 
-def schedule_label(plan: MLADecodePlan):
-    """What a scheduled plan's step launches, for the results' num_kv_splits field: "b66" / "u66" (the
-    balanced or the uniform-equivalent cut on 66 CTAs a row block), or the split count of a one-request
-    step, which keeps the uniform split (MLADecodePlan.schedule)."""
-    step = plan.scheduled_step()
+def schedule_label(step):
+    """What a scheduled plan's step launches (MLADecodePlan.scheduled_step()), for the results'
+    num_kv_splits field: "b66" / "u66" (the balanced or the uniform-equivalent cut on 66 CTAs a row
+    block), or the split count of a one-request step, which keeps the uniform split (MLADecodePlan.schedule)."""
     return step.num_kv_splits if step.batch == 1 else f"{step.cut[0]}{step.ctas}"
 
 
@@ -497,7 +496,7 @@ def run_case(case: dict, splits: int, args, pool: KVPool, flush: L2Flush, gen: t
     if args.balanced:  # the serving path: MLADecodePlan.run after MLADecodePlan.schedule
         call, plan, schedule = balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
         if schedule is not None:
-            row["num_kv_splits"] = schedule_label(plan)
+            row["num_kv_splits"] = schedule_label(plan.scheduled_step())
             row["schedule_us"] = time_cold(schedule, flush, args.reps, args.warmup)
     if args.check:
         call()

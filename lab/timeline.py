@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         if args.balanced:  # MLADecodePlan.run after schedule() (as bench.py --balanced)
             call, plan, schedule = bench.balanced_call(inputs, out, lse, args.num_kv_splits, args.schedule_overhead)
             if schedule is not None:
-                splits = bench.schedule_label(plan)
+                splits = bench.schedule_label(plan.scheduled_step())
 
         for _ in range(args.warmup):
             call()

@@ -243,7 +243,8 @@ def main(argv=None) -> int:
             if schedule is None:
                 print(f"{name}: skipped (the balanced schedule does not serve this case)")
                 continue
-            splits, step = bench.schedule_label(plan), plan.scheduled_step()
+            step = plan.scheduled_step()
+            splits = bench.schedule_label(step)
             if step.batch == 1:  # one request: the uniform split
                 grid_x, grid_y = m_blocks * batch, step.num_kv_splits
             elif step.per_segment:  # transposed: one CTA per segment

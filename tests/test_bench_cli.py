@@ -213,17 +213,9 @@ def test_balanced_call_makes_the_plan_and_schedule_of_the_case(bench, monkeypatc
 
 def test_schedule_label_names_the_cut_or_the_one_request_split(bench):
     from mla_variants.plan import ScheduledStep
-
-    class Plan:
-        def __init__(self, step):
-            self.step = step
-
-        def scheduled_step(self):
-            return self.step
-
-    assert bench.schedule_label(Plan(ScheduledStep(1, "uniform", 0, 12, False))) == 12
-    assert bench.schedule_label(Plan(ScheduledStep(32, "balanced", 66, 0, False))) == "b66"
-    assert bench.schedule_label(Plan(ScheduledStep(32, "uniform", 132, 0, True))) == "u132"
+    assert bench.schedule_label(ScheduledStep(1, "uniform", 0, 12, False)) == 12
+    assert bench.schedule_label(ScheduledStep(32, "balanced", 66, 0, False)) == "b66"
+    assert bench.schedule_label(ScheduledStep(32, "uniform", 132, 0, True)) == "u132"
 
 
 def _recorded_run(bench) -> dict:
