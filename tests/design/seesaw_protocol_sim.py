@@ -339,8 +339,8 @@ class Sim:
         if k == "check_copy":
             _, t, c, w = op
             s.check_readers_done(t, c, f"copy{w} (for tile {t}, slot {c}) overwrites")
-            if t >= s.ring and not s.b16:
-                prev = t - s.ring
+            prev = s.prev[t]
+            if prev is not None and not s.b16:
                 if s.widened.get((prev, c), 0) != NWIDEN:
                     raise Err(f"copy{w} overwrites slot {c} of tile {prev} before it was widened")
             return True
