@@ -198,11 +198,13 @@ def test_softmax_scale_overflowing_float32_is_rejected():
         mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 1e39, num_kv_splits=1)
 
 
-def test_scores_below_running_max_init():
+@pytest.mark.parametrize("heads", [None, 128])
+def test_scores_below_running_max_init(heads):
     """The running max starts at -1e30 (log2 domain). If every visible score is below it, p = 0 and
     the row comes out as 'no key' (out 0, lse -inf) though the reference gives finite values.
-    Needs an absurd scale (1e28), so low severity."""
-    h, p, d, _ = _pick(split=False)
+    Needs an absurd scale (1e28), so low severity. heads None: the default pick (the transposed path
+    at 16 heads); 128: the 64-row path, whose softmax must keep p <= 1 at such scores."""
+    h, p, d, _ = _pick(split=False if heads is None else None, heads=heads)
     case = make_paged_case([70, 1], h, p, 1, DT[d], generator=torch.Generator().manual_seed(5),
                            softmax_scale=1e28)
     case.q.fill_(0.5)
