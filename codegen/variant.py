@@ -70,6 +70,9 @@ class PathFacts:
         with q_len > 1 takes the smallest of rows_per_cta, 2 x, 4 x ... up to it that holds the request's
         q_len x num_heads rows (rows_for), so they share one read of the keys; 8-32 rows run the transposed
         kernels, 64 the 64-row one (a transposed bf16/fp16 variant's second kernel).
+    segment_ctas: whether the own kernel's scheduled form runs one CTA per entry of the schedule's
+        segment table (the transposed kernels of a balanced variant) rather than one per run of segments
+        (the 64-row and fast kernels); the schedule kernel writes that table only for these (runs_segments).
     """
 
     rows_per_cta: int
@@ -81,6 +84,7 @@ class PathFacts:
     tile_keys: int = TILE_KEYS
     second_rows_per_cta: int = ROWS_64
     max_rows_per_cta: int = ROWS_64
+    segment_ctas: bool = False
 
     @classmethod
     def of(cls, num_heads: int, page_size: int, dtype: str, split: bool) -> "PathFacts":
@@ -99,7 +103,8 @@ class PathFacts:
         return cls(rows_per_cta=rows, second_kernel=second, second_max_split_keys=max_keys,
                    tma=tma_pages and rows == ROWS_64, second_tma=second == "rows64" and tma_pages,
                    balanced_schedule=split and (transposed or not fp8),
-                   max_rows_per_cta=ST_MAX_ROWS if transposed and fp8 else ROWS_64)
+                   max_rows_per_cta=ST_MAX_ROWS if transposed and fp8 else ROWS_64,
+                   segment_ctas=split and transposed)
 
     @classmethod
     def from_json(cls, d: dict) -> "PathFacts":
@@ -138,9 +143,8 @@ class PathFacts:
 
     def runs_segments(self, q_rows: int) -> bool:
         """Whether a balanced launch for requests of q_rows rows runs one CTA per entry of the schedule's
-        segment table (the transposed kernels; the 64-row and fast kernels walk runs of segments instead),
-        so the schedule kernel must write that table."""
-        return self.balances(q_rows) and self.rows_for(q_rows) < ROWS_64
+        segment table (segment_ctas), so the schedule kernel must write that table."""
+        return self.balances(q_rows) and self.segment_ctas
 
     def cpp(self) -> str:
         """The facts as the C++ type launch.cuh checks (mla::PathFacts<...>)."""
@@ -148,7 +152,7 @@ class PathFacts:
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"mla::PathFacts<{self.rows_per_cta}, mla::SecondKernel::{kind}, {self.second_max_split_keys}, "
                 f"{b(self.tma)}, {b(self.second_tma)}, {b(self.balanced_schedule)}, {self.tile_keys}, "
-                f"{self.second_rows_per_cta}, {self.max_rows_per_cta}>")
+                f"{self.second_rows_per_cta}, {self.max_rows_per_cta}, {b(self.segment_ctas)}>")
 
     def to_json(self) -> dict:
         return asdict(self)

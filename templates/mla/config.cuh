@@ -193,11 +193,14 @@ struct VariantTraits {
   // The short-split kernel gathers with cp.async only; the 64-row second kernel is the 64-row path.
   static constexpr bool kSecondTma = kSecond == SecondKernel::kRows64 && kTmaPages<Cache, PAGE_SIZE, kBlockM>;
   static constexpr bool kBalanced = SPLIT && (kFast || kSchedulable<Cache, NUM_HEADS> || kUseSt<NUM_HEADS, kFp8>);
+  // The scheduled transposed kernels run one CTA per entry of the schedule's segment table; the 64-row
+  // and fast kernels one CTA per run of segments (schedule.cuh).
+  static constexpr bool kSegmentCtas = SPLIT && !kFast && kUseSt<NUM_HEADS, kFp8>;
 };
 
 // The facts codegen renders for one variant (codegen/variant.py PathFacts, in this order).
 template <int ROWS, SecondKernel SECOND, int SECOND_MAX_SPLIT_KEYS, bool TMA, bool SECOND_TMA, bool BALANCED,
-          int TILE_KEYS, int SECOND_ROWS, int MAX_ROWS>
+          int TILE_KEYS, int SECOND_ROWS, int MAX_ROWS, bool SEGMENT_CTAS>
 struct PathFacts {
   static constexpr int kRows = ROWS;
   static constexpr SecondKernel kSecond = SECOND;
@@ -208,6 +211,7 @@ struct PathFacts {
   static constexpr int kTileKeys = TILE_KEYS;
   static constexpr int kSecondRows = SECOND_ROWS;
   static constexpr int kMaxRows = MAX_ROWS;
+  static constexpr bool kSegmentCtas = SEGMENT_CTAS;
 };
 
 // Fails the build, naming the field, where codegen's facts (Facts) and these traits disagree: a rule
@@ -225,6 +229,7 @@ constexpr bool facts_match() {
   static_assert(Facts::kTileKeys == kBlockN, "path facts: tile_keys differs from config.cuh kBlockN");
   static_assert(Facts::kSecondRows == kBlockM, "path facts: second_rows_per_cta differs from config.cuh kBlockM");
   static_assert(Facts::kMaxRows == Traits::kMaxRows, "path facts: max_rows_per_cta differs between codegen/variant.py and config.cuh");
+  static_assert(Facts::kSegmentCtas == Traits::kSegmentCtas, "path facts: segment_ctas differs between codegen/variant.py and config.cuh");
   return true;
 }
 

@@ -171,12 +171,11 @@ int launch(const MlaDecodeArgs* args) {
     if (a.tma_mode != MlaTmaOff) p.use_tma = encode_kv_map<Cache, PAGE_SIZE>(a, &p.kv_map) ? 1 : 0;
     if (!p.use_tma && a.tma_mode == MlaTmaRequire) return int(cudaErrorNotSupported);
   }
-  // A scheduled launch of the transposed path runs one CTA per segment of the schedule (at most
-  // batch + sched_ctas - 1; schedule.cuh), the 64-row and fast kernels one CTA per run.
-  constexpr bool kStPath = !CacheTypes<Cache>::kFast && Facts::kRows < kBlockM;
+  // A scheduled launch runs one CTA per segment (at most batch + sched_ctas - 1; schedule.cuh) where
+  // Facts::kSegmentCtas, else one per run.
   if (scheduled && second) return int(cudaErrorInvalidValue);  // the 64-row second kernel has no scheduled form
-  const int64_t grid_x =
-      int64_t(p.num_m_blocks) * (!scheduled ? a.batch : kStPath ? int64_t(a.batch) + a.sched_ctas : a.sched_ctas);
+  const int64_t grid_x = int64_t(p.num_m_blocks) *
+                         (!scheduled ? a.batch : Facts::kSegmentCtas ? int64_t(a.batch) + a.sched_ctas : a.sched_ctas);
   const unsigned grid_y = scheduled ? 1u : unsigned(a.num_kv_splits);
   if (grid_x > 0x7fffffff) return int(cudaErrorInvalidConfiguration);
 
