@@ -104,22 +104,6 @@ __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
 // Q: the 256 threads of the P V warpgroups round the CTA's 64 rows to e4m3 with one power-of-2 scale per row (the largest
 // that keeps the row's largest magnitude <= 448), 4 threads per row.
 
-// Where row `row` of the CTA's 64 (request b, row block m_block) reads q: its 512 latent values (nope)
-// and 64 RoPE values (pe), 16-bit each; valid false for a padding row.
-template <int NUM_HEADS>
-__device__ __forceinline__ QueryRow q_row_at(const MlaDecodeArgs& a, int b, int m_block, int row, const char*& nope,
-                                            const char*& pe) {
-  const int grow = m_block * kBlockM + row;
-  const int h = grow % NUM_HEADS;
-  const QueryRow qr = query_row(a, b, grow / NUM_HEADS, h);
-  nope = static_cast<const char*>(a.q_nope) +
-         (int64_t(qr.ob) * a.q_nope_stride_batch + int64_t(qr.t) * a.q_nope_stride_token +
-          int64_t(h) * a.q_nope_stride_head) * 2;
-  pe = static_cast<const char*>(a.q_pe) +
-       (int64_t(qr.ob) * a.q_pe_stride_batch + int64_t(qr.t) * a.q_pe_stride_token + int64_t(h) * a.q_pe_stride_head) * 2;
-  return qr;
-}
-
 // The scheduled producer's L2 prefetch of a segment's q rows (cp.async.bulk.prefetch.L2, no
 // completion to wait for), issued when it starts the segment's tiles, a few tiles before the P V
 // warpgroups' make_q reads them: 128 producer threads, thread ptid the latent (even) or RoPE (odd)
@@ -127,10 +111,10 @@ __device__ __forceinline__ QueryRow q_row_at(const MlaDecodeArgs& a, int b, int 
 template <int NUM_HEADS>
 __device__ __forceinline__ void prefetch_q_rows(const MlaDecodeArgs& a, int b, int m_block, int ptid) {
   static_assert(kProducerThreads == 2 * kBlockM, "two producer threads per row");
-  const char *nope, *pe;
-  if (!q_row_at<NUM_HEADS>(a, b, m_block, ptid / 2, nope, pe).valid) return;
+  const QRowSource q = q_row_source<NUM_HEADS>(a, b, m_block * kBlockM + ptid / 2);
+  if (!q.valid) return;
   const bool rope = ptid & 1;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rope ? pe : nope),
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rope ? q.pe : q.nope),
                "r"(rope ? 2u * kRopeDim : 2u * kHeadDimV)
                : "memory");
 }
@@ -138,11 +122,10 @@ __device__ __forceinline__ void prefetch_q_rows(const MlaDecodeArgs& a, int b, i
 template <int NUM_HEADS>
 __device__ __forceinline__ void make_q(Storage& s, const MlaDecodeArgs& a, int b, int m_block, int tid) {
   const int row = tid / 4, part = tid % 4;  // part: 16-byte chunks part, part + 4, ... of the 72
-  const char *nope, *pe;
-  const QueryRow qr = q_row_at<NUM_HEADS>(a, b, m_block, row, nope, pe);
+  const QRowSource src = q_row_source<NUM_HEADS>(a, b, m_block * kBlockM + row);
   auto chunk = [&](int c) -> uint4 {
-    if (!qr.valid) return make_uint4(0, 0, 0, 0);
-    return __ldg(reinterpret_cast<const uint4*>(c < 64 ? nope + c * 16 : pe + (c - 64) * 16));
+    if (!src.valid) return make_uint4(0, 0, 0, 0);
+    return __ldg(reinterpret_cast<const uint4*>(c < 64 ? src.nope + c * 16 : src.pe + (c - 64) * 16));
   };
   // The thread's 18 chunks stay in registers (72) between the row max and the conversion: one pass
   // over global memory, all loads in flight at once.
