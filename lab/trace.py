@@ -33,7 +33,15 @@ bench.py --balanced): its CTAs cover several requests each; they stamp entry, th
 end, the last stores, their tiles and their segments (requests with tiles), so besides the phases (no
 q or loop for them) a least-squares fit of each CTA's time over its tiles and segments gives the
 per-tile rate, the cost of a segment and the fixed cost: the terms of the schedule's cost model
-(templates/mla/schedule.cuh).
+(templates/mla/schedule.cuh). A 64-row 16-bit CTA with two or more segments also stamps its second
+segment's phases (trace.cuh kTraceSeg*), reported as:
+
+  seg_q_lead  : the producer issued the segment's Q -> the first segment's stores done (positive: Q
+                was on its way before the math warps needed it)
+  seg_q_wait  : the first segment's stores done -> the segment's Q in shared memory
+  seg_loop    : Q -> the first math warpgroup's loop done (seg_loop_per_tile: over the segment's tiles)
+  seg_lag, seg_merge, seg_store : as lag, merge and store, for this segment
+  seg_total   : the first segment's stores done -> the second's
 
 A build without MLA_TRACE has no stamps; the script then says so. A case runs only where its call
 is one launch of a variant compiled for exactly its head count (no masked rows, no head groups), so
@@ -55,7 +63,8 @@ import torch  # noqa: E402
 from mla_variants import _binding  # noqa: E402
 
 SLOTS = 16                # 64-bit words per CTA (templates/mla/trace.cuh kTraceSlots; TraceSlot below)
-ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED = range(10)
+(ENTRY, PRODUCER_START, Q_LANDED, LOOP_DONE, STORED, PRODUCER_DONE, INFO, SEGMENTS, LOOP_DONE_LAST, MERGED,
+ SEG_PREV_END, SEG_Q_ISSUED, SEG_END, SEG_TILES) = range(14)
 
 
 def the_launch(num_heads: int, page_size: int, dtype: str, split: bool):
@@ -147,6 +156,10 @@ def fit_cost(rows: list[dict]) -> dict | None:
             "rms_residual_us": float(resid.pow(2).mean().sqrt()), "n": len(pts)}
 
 
+SEG_KEYS = ("seg_q_lead", "seg_q_wait", "seg_loop", "seg_loop_per_tile", "seg_lag", "seg_merge", "seg_store",
+            "seg_total", "seg_tiles")
+
+
 def phases(records: list[dict]) -> list[dict]:
     """Per CTA of one call: the phase durations of the module docstring (us; None where a stamp is
     missing, e.g. no Q for a CTA without tiles) and whether it ran in a later wave on its SM."""
@@ -168,8 +181,18 @@ def phases(records: list[dict]) -> list[dict]:
         def d(a, b):
             return (s[b] - s[a]) / 1e3 if s[a] and s[b] else None
 
+        seg = {k: None for k in SEG_KEYS}
+        if s[SEG_TILES]:  # a scheduled CTA's second segment (the module docstring): its own phases
+            seg.update(seg_q_lead=d(SEG_Q_ISSUED, SEG_PREV_END), seg_q_wait=d(SEG_PREV_END, Q_LANDED),
+                       seg_loop=d(Q_LANDED, LOOP_DONE), seg_lag=d(LOOP_DONE, LOOP_DONE_LAST),
+                       seg_merge=(s[MERGED] - max(s[LOOP_DONE], s[LOOP_DONE_LAST])) / 1e3
+                       if s[MERGED] and s[LOOP_DONE] and s[LOOP_DONE_LAST] else None,
+                       seg_store=d(MERGED, SEG_END), seg_total=d(SEG_PREV_END, SEG_END), seg_tiles=s[SEG_TILES])
+            if seg["seg_loop"] is not None:
+                seg["seg_loop_per_tile"] = seg["seg_loop"] / s[SEG_TILES]
+            s = s[:Q_LANDED] + [0, 0] + s[STORED:LOOP_DONE_LAST] + [0, 0] + s[MERGED + 1:]  # not the CTA's phases
         loop = d(Q_LANDED, LOOP_DONE)
-        res.append({"start": d(ENTRY, PRODUCER_START), "q": d(ENTRY, Q_LANDED), "loop": loop,
+        res.append({**seg, "start": d(ENTRY, PRODUCER_START), "q": d(ENTRY, Q_LANDED), "loop": loop,
                     "loop_per_tile": loop / r["tiles"] if loop is not None and r["tiles"] else None,
                     "lag": d(LOOP_DONE, LOOP_DONE_LAST),
                     "merge": (s[MERGED] - max(s[LOOP_DONE], s[LOOP_DONE_LAST])) / 1e3
@@ -189,7 +212,8 @@ def summarize(rows: list[dict]) -> dict:
             return None
         pick = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
         return {"median": statistics.median(xs), "p10": pick(0.1), "p90": pick(0.9), "max": xs[-1], "n": len(xs)}
-    keys = ("start", "q", "loop", "loop_per_tile", "lag", "merge", "store", "epilogue", "cta", "producer", "spread", "end")
+    keys = ("start", "q", "loop", "loop_per_tile", "lag", "merge", "store", "epilogue", "cta", "producer", "spread",
+            "end") + SEG_KEYS
     result = {"all": {k: stats(r[k] for r in rows) for k in keys}}
     for name, want in (("first_wave", False), ("later_waves", True)):
         sub = [r for r in rows if r["later_wave"] == want]

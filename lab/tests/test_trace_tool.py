@@ -26,7 +26,9 @@ def test_slots_match_the_kernel_header(trace):
     header = (Path(__file__).resolve().parents[2] / "templates" / "mla" / "trace.cuh").read_text()
     assert f"constexpr int kTraceSlots = {trace.SLOTS};" in header
     for name, slot in (("kTraceLoopDoneLast", trace.LOOP_DONE_LAST), ("kTraceMerged", trace.MERGED),
-                       ("kTraceSegments", trace.SEGMENTS), ("kTraceStored", trace.STORED)):
+                       ("kTraceSegments", trace.SEGMENTS), ("kTraceStored", trace.STORED),
+                       ("kTraceSegPrevEnd", trace.SEG_PREV_END), ("kTraceSegQIssued", trace.SEG_Q_ISSUED),
+                       ("kTraceSegEnd", trace.SEG_END), ("kTraceSegTiles", trace.SEG_TILES)):
         assert f"{name} = {slot}," in header
 
 
@@ -142,3 +144,21 @@ def test_scheduled_cost_fit(trace):
 def test_without_a_gpu_it_says_so_and_fails(trace, capsys):
     assert trace.main(["--heads", "128"]) == 1
     assert "no CUDA GPU available: the trace needs an sm_90a GPU" in capsys.readouterr().err
+
+
+def test_scheduled_second_segment_phases(trace):
+    # A scheduled CTA of 3 segments, 20 tiles: its first segment's stores done at 30 us, the second's Q
+    # issued at 28.5, landed at 31, 10 tiles looped by 51 (wg1 0.5 later), merged at 52, stored at 53.
+    w = _words(2, {0: (1_000, 1_100, 31_000, 51_000, 70_000, 68_000, 0, 20, 3, 51_500, 52_000),
+                   1: (1_000, 1_100, 0, 0, 40_000, 39_000, 1, 12, 1)})
+    w[0, 10:14] = torch.tensor([30_000, 28_500, 53_000, 10])
+    seg, single = trace.phases(trace.cta_records(w, m_blocks=1, grid_x=2))
+    assert seg["seg_q_lead"] == pytest.approx(1.5) and seg["seg_q_wait"] == pytest.approx(1.0)
+    assert seg["seg_loop"] == pytest.approx(20.0) and seg["seg_loop_per_tile"] == pytest.approx(2.0)
+    assert seg["seg_lag"] == pytest.approx(0.5) and seg["seg_merge"] == pytest.approx(0.5)
+    assert seg["seg_store"] == pytest.approx(1.0) and seg["seg_total"] == pytest.approx(23.0)
+    assert seg["seg_tiles"] == 10 and seg["cta"] == pytest.approx(69.0)
+    assert seg["q"] is None and seg["loop"] is None and seg["epilogue"] is None  # not the CTA's phases
+    assert single["seg_total"] is None and single["cta"] == pytest.approx(39.0)
+    summary = trace.summarize([seg, single])
+    assert summary["all"]["seg_q_wait"]["n"] == 1 and summary["all"]["cta"]["n"] == 2

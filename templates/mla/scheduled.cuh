@@ -143,7 +143,13 @@ __device__ __forceinline__ void produce_scheduled(const DecodeParams& p, Storage
   trace_at(p, 0).stamp(kTraceProducerStart);
   for_each_segment<NUM_HEADS, PAGE_SIZE>(p, [&](const CtaWork& w) {
     if (w.num_tiles == 0) return;
-    if (state & 8) wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
+    if (state & 8) {
+      wait_barrier(&s.q_empty, ((state >> 2) & 1) ^ 1);
+      if constexpr (MLA_TRACE != 0) {  // bit 4: the second segment's Q was stamped
+        if (!(state & 16)) trace_at(p, 0).stamp(kTraceSegQIssued);
+        state |= 16;
+      }
+    }
     produce<Cache, NUM_HEADS, PAGE_SIZE>(s, p.a, w.b, w.m_block, w.kv_begin, w.kv_end, w.num_tiles, int(threadIdx.x),
                                          kv_map, state & 3);
     state ^= (((w.num_tiles + 1) / 2) & 1) | (((w.num_tiles / 2) & 1) << 1) | 4;
@@ -168,8 +174,21 @@ __device__ __forceinline__ void consume_scheduled(const DecodeParams& p, SharedS
   for (; sched_before(b, t, end_b, end_t); ++b, t = 0, ++seg) {
     const CtaWork w = sched_segment<NUM_HEADS, PAGE_SIZE>(p, c, m_block, b, t, end_b, end_t);
     const int64_t piece_row = piece_row_of<SPLIT, /*SCHED=*/true>(a, w.b, w.split);
-    rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f,
-                                                 (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2), seg & 1);
+    const int phases = (u0 & 1) | ((u1 & 1) << 1) | ((k & 1) << 2);
+    if (MLA_TRACE != 0 && k == 1 && w.num_tiles > 0) {  // trace builds: the second segment with tiles, in phases
+      const TraceSink tr = trace_at(p, kProducerThreads);
+      if (tr.p != nullptr) {
+        wait_barrier(&s.q_full, k & 1);
+        tr.stamp(kTraceQLanded);
+        tr.put(kTraceSegTiles, uint64_t(w.num_tiles));
+      }
+      rows_64<Cache, NUM_HEADS, /*kStaged=*/false, /*kTrace=*/MLA_TRACE != 0>(p, s, w, piece_row, p.scale_log2, 1.f,
+                                                                              phases, seg & 1);
+      tr.stamp(kTraceSegEnd);
+    } else {
+      rows_64<Cache, NUM_HEADS, /*kStaged=*/false>(p, s, w, piece_row, p.scale_log2, 1.f, phases, seg & 1);
+      if (MLA_TRACE != 0 && k == 0 && w.num_tiles > 0) trace_at(p, kProducerThreads).stamp(kTraceSegPrevEnd);
+    }
     if (w.num_tiles > 0) {
       u0 += (w.num_tiles + 1) / 2;
       u1 += w.num_tiles / 2;

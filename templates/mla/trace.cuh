@@ -36,8 +36,14 @@ enum TraceSlot : int {
                             // together and the lag only shows skew)
   kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform;
                             // fp8 fast kernel: the first P V thread past kBarEnd, the rows' factors written)
+  // A scheduled 64-row CTA (16-bit) stamps slots 2, 3, 8 and 9 for its second segment with tiles instead,
+  // and around it:
+  kTraceSegPrevEnd = 10,    // first math thread: past the first segment's stores
+  kTraceSegQIssued = 11,    // producer thread 0: the second segment's Q issued (past the q_empty wait)
+  kTraceSegEnd = 12,        // first math thread: past the second segment's stores
+  kTraceSegTiles = 13,      // the second segment's tiles
 };
-constexpr int kTraceSlots = 16;  // 10 used; room for more without changing the layout again
+constexpr int kTraceSlots = 16;  // 14 used; room for more without changing the layout again
 constexpr int64_t kTraceMaxCtas = int64_t(1) << 17;  // 16 MiB of stamps; CTAs past it do not trace
 constexpr int64_t kTraceBytes = kTraceMaxCtas * kTraceSlots * 8;
 
