@@ -33,8 +33,8 @@ bench.py --balanced): its CTAs cover several requests each; they stamp entry, th
 end, the last stores, their tiles and their segments (requests with tiles), so besides the phases (no
 q or loop for them) a least-squares fit of each CTA's time over its tiles and segments gives the
 per-tile rate, the cost of a segment and the fixed cost: the terms of the schedule's cost model
-(templates/mla/schedule.cuh). A 64-row 16-bit CTA with two or more segments also stamps its second
-segment's phases (trace.cuh kTraceSeg*), reported as:
+(templates/mla/schedule.cuh). A 64-row 16-bit CTA with two or more segments with tiles also stamps
+its second such segment's phases (trace.cuh kTraceSeg*), reported as:
 
   seg_q_lead  : the producer issued the segment's Q -> the first segment's stores done (positive: Q
                 was on its way before the math warps needed it)

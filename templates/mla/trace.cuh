@@ -36,8 +36,8 @@ enum TraceSlot : int {
                             // together and the lag only shows skew)
   kTraceMerged = 9,         // first math thread: the warpgroups' results merged, before the stores (uniform;
                             // fp8 fast kernel: the first P V thread past kBarEnd, the rows' factors written)
-  // A scheduled 64-row CTA (16-bit) stamps slots 2, 3, 8 and 9 for its second segment with tiles instead,
-  // and around it:
+  // A scheduled 64-row CTA (16-bit) stamps slots 2, 3, 8 and 9 for its second segment with tiles instead
+  // (and slot 4 there too, which its last stores overwrite), and around it:
   kTraceSegPrevEnd = 10,    // first math thread: past the first segment's stores
   kTraceSegQIssued = 11,    // producer thread 0: the second segment's Q issued (past the q_empty wait)
   kTraceSegEnd = 12,        // first math thread: past the second segment's stores
