@@ -18,7 +18,7 @@ SCRIPTS = sorted(LAB.glob("*.sh"))
 def test_the_lab_has_its_recipes():
     assert {p.name for p in SCRIPTS} >= {"ab_bench.sh", "ab_trace.sh", "device_check.sh", "device_env.sh",
                                          "diagnose.sh", "ncu_cases.sh", "ncu_stalls.sh", "prepare_carry.sh",
-                                         "split_sweep.sh"}
+                                         "split_sweep.sh", "targets.sh"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
