@@ -23,7 +23,7 @@ B="python3 benchmarks/bench.py"
 for s in ${1:-b q2}; do
   case $s in
     b)   room 240 b && $B --anchors "$A" --check --json "$R/bf16.json" 2>&1 | tail -4
-         [ -f "$R/bf16.json" ] && python3 lab/report.py "$R/bf16.json" > "$R/report_bf16.txt" 2>&1 && tail -20 "$R/report_bf16.txt" ;;
+         if [ -f "$R/bf16.json" ]; then python3 lab/report.py "$R/bf16.json" > "$R/report_bf16.txt" 2>&1; tail -20 "$R/report_bf16.txt"; fi ;;
     q2)  room 60 q2 && $B --anchors "$M" --mode bf16_q2 --check --json "$R/q2.json" 2>&1 | tail -4 ;;
     q34) for q in 3 4; do
            room 60 "q_len $q" && $B --anchors "$M" --mode bf16_q2 --q-len $q --vs-q1 --json "$R/q$q.json" 2>&1 | tail -4
