@@ -304,3 +304,34 @@ def test_fast_balanced_varlen_skips_padding_blocks():
     torch.cuda.synchronize()
     problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
     assert not problems, f"{plan.scheduled_cut()}: {problems}"
+
+
+@pytest.mark.parametrize("negative", [False, True], ids=["mixed", "all_negative"])
+def test_fast_huge_scores_stay_exact(negative):
+    """softmax_scale 1e28 on scores of +-144 (log2 units near +-2^101): the fast kernel folds the scale into
+    exp2's FFMA on unmasked tiles, and at the row max that FFMA leaves the product's rounding error (up to
+    ulp(m) / 2, here 2^76) in the exponent, and m - 8 is not exact past 2^26, so P came out inf or 0; rows
+    whose max reaches 2^20 must be scaled and shifted before the exponent (fp8_fast.cuh shift_huge_rows). Keys are row patterns whose q.k is exact in every precision
+    (q all +-0.5; k all 0.5, or 1.0 / 0.0 halves of the latent with a 0.5 RoPE part: both +-144; or all
+    -0.5), so within a split the reference's ties are the kernel's and P is 0 or 1. (Across two splits the
+    combine weighs them by their lse, equal in fp32 at 1e30 whatever their tie counts: an error of about
+    1e-3, inside the tolerance.) negative: q -0.5 and no -0.5 rows, every score -144 x 1e28."""
+    heads, page, _, split = _any_fast_key()
+    g = torch.Generator().manual_seed(31)
+    case = make_paged_case([700, 1, 3000], heads, page, 1, FP8, generator=g, k_scale=1.0)
+    kv = case.kv_cache.float().cpu()
+    pick = torch.randint(0, 2 if negative else 3, kv.shape[:2], generator=g)
+    rows = torch.full(kv.shape, 0.5)
+    rows[pick == 1, :256] = 1.0
+    rows[pick == 1, 256:512] = 0.0
+    rows[pick == 2] = -0.5
+    case.kv_cache = torch.where(torch.isnan(kv), kv, rows).to(FP8).to(case.kv_cache.device)
+    case.q.fill_(-0.5 if negative else 0.5)
+    case.softmax_scale = 1e28
+    ref_out, ref_lse = mla_decode_reference(case.q, case.kv_cache, case.block_table, case.seq_lens,
+                                            case.softmax_scale, k_scale=1.0)
+    assert torch.isfinite(ref_out[0]).all() and torch.isfinite(ref_lse[0]).all()
+    for n in ([1, 2] if split else [1]):
+        out, lse = run_nan_prefilled(case, n, fp8_mode="fast")
+        problems = compare(out, lse, ref_out, ref_lse, **FP8_FAST_TOLERANCE)
+        assert not problems, f"negative={negative} splits={n}: {problems}"

@@ -49,6 +49,7 @@ constexpr int kSlots = 5;                        // 128-byte column slots of a t
 constexpr int kKSteps = kHeadDimK / 32;          // 18 k-steps of S
 constexpr float kPScaleLog2 = 8.f;               // P is stored as e4m3(p * 2^8): p >= 2^-14 stays normal;
                                                  // the factor rides in exp2's argument (exp_store_pt)
+constexpr float kExactMaxLimit = 1048576.f;      // 2^20: rows with a larger |max| take shift_huge_rows
 constexpr float kQMax = 448.f;                   // e4m3's largest finite value
 constexpr int kStages = 4;                       // tile t in stage t % 4
 constexpr int kPvWgs = 2;                        // P V warpgroups, 256 of V's dims each
@@ -376,7 +377,8 @@ __device__ __forceinline__ int o_col(int jj, int lane) { return 8 * (jj >> 1) + 
 // Tile `tile`'s row maxima in the log2 domain (keys kv_begin + 64 tile ..) and each row's multiplier of S
 // for exp_store_pt. A tile without masked keys, when both rows' scales are positive (fold_scale: a device
 // k_scale might not be), keeps S as the wgmma left it: its scaled max is the raw max times the scale
-// (exactly: rounding is monotonic), and exp_store_pt applies the scale in its FFMA.
+// (exactly: rounding is monotonic), and exp_store_pt applies the scale in its FFMA (rows with a huge max
+// are scaled by shift_huge_rows first).
 // Any other tile is scaled and masked in place (row_softmax.cuh scale_mask_rowmax) and multiplied by 1.
 __device__ __forceinline__ void tile_rowmax(float (&S)[32], const Math& c, int tile, float (&tile_max)[2],
                                             float (&mul)[2]) {
@@ -398,6 +400,20 @@ __device__ __forceinline__ void tile_rowmax(float (&S)[32], const Math& c, int t
                                tile_start, c.unmasked_end, c.key_limit, c.lane, tile_max);
     mul[0] = mul[1] = 1.f;
   }
+}
+
+// Rows whose max is huge (|m_sub| >= 2^20 in the log2 domain: absurd scores, e.g. softmax_scale 1e28).
+// Below that bound exp_store_pt's FFMA, S x mul - (m_sub - 8), is exact enough: the product's rounding
+// error at the max, at most ulp(m_sub) / 2 <= 2^-5, leaves p below 2^8.03, and m_sub - 8 is exact. Past
+// it neither holds (at 1e28 the error is 2^76: p inf or 0; from 2^27 on m_sub - 8 rounds by 16), so the
+// tile is scaled and shifted first, in two roundings: at the max round(S x mul) is m_sub exactly (it is
+// how tile_rowmax computed the max) and the difference 0; the exponent then adds only the 8.
+__device__ __forceinline__ void shift_huge_rows(float (&S)[32], float (&mul)[2], const float (&m_sub)[2],
+                                                float (&m_sub8)[2]) {
+  CUTE_UNROLL
+  for (int i = 0; i < 32; ++i) S[i] = __fsub_rn(__fmul_rn(S[i], mul[(i >> 1) & 1]), m_sub[(i >> 1) & 1]);
+  mul[0] = mul[1] = 1.f;
+  m_sub8[0] = m_sub8[1] = -kPScaleLog2;
 }
 
 // O^T's columns (query rows) times the factors the softmax warpgroup wrote for the tile in `row_alpha`,
@@ -498,7 +514,9 @@ __device__ __forceinline__ void softmax_role(Storage& s, const Math& c, int num_
       l_p8[r] *= alpha[r];
       if (c.lane % 4 == 0) s.row_alpha[st][c.row0 + 8 * r] = alpha[r];
     }
-    const float m_sub8[2] = {m_sub[0] - kPScaleLog2, m_sub[1] - kPScaleLog2};
+    float m_sub8[2] = {m_sub[0] - kPScaleLog2, m_sub[1] - kPScaleLog2};
+    if (__builtin_expect(fabsf(m_sub[0]) >= kExactMaxLimit || fabsf(m_sub[1]) >= kExactMaxLimit, 0))
+      shift_huge_rows(S, mul, m_sub, m_sub8);
     exp_store_pt(S, c, mul, m_sub8, l_run, l_p8, s.pt[st]);
     fence_proxy_async_shared();  // P^T stores -> the P V warpgroups' wgmma reads
     arrive_barrier(&s.p_full[st]);
