@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from .api import mla_decode as _mla_decode
-from .varlen import mla_decode_varlen as _mla_decode_varlen
+from .varlen import check_batch, mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
 from .validation import HEAD_DIM, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, check_tensor, fail, \
     fp8_token, shown
@@ -154,7 +154,7 @@ def _(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, max_q_len,
              f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     _fake_check(q_nope[:, None], q_pe[:, None], kv_cache, k_scale,  # one token a row: q_len 1
                 block_table=block_table, seq_lens=seq_lens, softmax_scale=softmax_scale, num_kv_splits=num_kv_splits,
-                batch=query_start_loc.shape[0] - 1)
+                batch=check_batch(query_start_loc, block_table, seq_lens))
     if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
         fail("max_q_len", f"an int from 1 to {MAX_Q_LEN}", max_q_len)
     fp8_token(fp8_mode, kv_cache.dtype)  # last, as the eager call checks it

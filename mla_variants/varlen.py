@@ -75,6 +75,19 @@ def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
     return total, heads
 
 
+def check_batch(query_start_loc: torch.Tensor, block_table, seq_lens) -> int:
+    """batch = len(query_start_loc) - 1, after checking that block_table and seq_lens, when both are
+    tensors with one row per request, agree with it: a query_start_loc of the wrong length is named as
+    such (check_cache names block_table or seq_lens when only one of them is off)."""
+    batch = query_start_loc.shape[0] - 1
+    rows = {t.shape[0] for t in (block_table, seq_lens) if isinstance(t, torch.Tensor) and t.dim() >= 1}
+    if len(rows) == 1 and batch not in rows:
+        n = rows.pop()
+        fail("query_start_loc", f"batch + 1 = {n + 1} entries (block_table and seq_lens have batch = {n} rows)",
+             f"{batch + 1} entries")
+    return batch
+
+
 def _debug_check(query_start_loc: torch.Tensor, total: int, max_q_len: int) -> None:
     loc = query_start_loc.tolist()
     q_lens = [b - a for a, b in zip(loc, loc[1:])]
@@ -99,7 +112,7 @@ def native_call(q, kv_cache, block_table, seq_lens, softmax_scale, query_start_l
     q_nope, q_pe = (q[0], q[1]) if pair else (q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:])
     names = ("q_nope", "q_pe") if pair else ("q", "q")
     dtype, device = q_nope.dtype, q_nope.device
-    batch = query_start_loc.shape[0] - 1
+    batch = check_batch(query_start_loc, block_table, seq_lens)
     fp8 = check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch, dtype, device, names[0])
     if device.type != "cuda":
         fail(names[0], "a CUDA tensor", f"a tensor on {device}")

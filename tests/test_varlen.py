@@ -99,6 +99,9 @@ def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
     ({"q": (torch.zeros(3, 8, 512, dtype=torch.bfloat16), torch.zeros(3, 8, 64, dtype=torch.float16))}, "q_pe"),
     ({"q": torch.zeros(3, 8, 576)}, "q"),                                            # fp32 q
     ({"seq_lens": [30, 40]}, "seq_lens"),
+    # one entry too many: block_table and seq_lens agree on 2 requests, so query_start_loc is the one named
+    ({"query_start_loc": torch.tensor([0, 1, 2, 3], dtype=torch.int32)}, "query_start_loc"),
+    ({"seq_lens": torch.tensor([30], dtype=torch.int32)}, "seq_lens"),               # one of the two disagrees
 ])
 def test_argument_errors_name_the_argument(kwargs, arg):
     case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
@@ -162,6 +165,8 @@ def test_the_varlen_op_has_shapes_for_tracing():
         torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5][:1], 4, 0.1, 0)
     with pytest.raises(MLAInputError, match="^seq_lens: expected shape \\[batch=3\\]"):
         torch.ops.mla_variants.mla_decode_varlen(*args[:4], args[4][:2], args[5], 4, 0.1, 0)
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected batch \\+ 1 = 4 entries"):
+        torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5][:3], 4, 0.1, 0)
     # more tokens than MAX_Q_LEN in all is fine: each packed token is one query row
     many = (torch.empty(40, 16, 512, dtype=torch.bfloat16, **m), torch.empty(40, 16, 64, dtype=torch.bfloat16, **m))
     out, lse = torch.ops.mla_variants.mla_decode_varlen(*many, *args[2:], 4, 0.1, 0)
