@@ -104,11 +104,16 @@ class MLADecodePlan:
             fail("kv_dtype", f"None, {dtype} (the dtype of q) or torch.float8_e4m3fn", kv_dtype)
         if not torch.cuda.is_available():
             fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        try:
+            self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        except (RuntimeError, TypeError):
+            fail("device", "None, a torch.device, a device string such as 'cuda:0' or a CUDA device index", shown(device))
         if self.device.type != "cuda":
             fail("device", "a CUDA device", self.device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.index >= torch.cuda.device_count():
+            fail("device", f"a CUDA device index below {torch.cuda.device_count()} (this machine's GPUs)", self.device)
         if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
                                           or not 1 <= num_kv_splits <= MAX_KV_SPLITS):
             fail("num_kv_splits", f"an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))

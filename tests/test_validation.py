@@ -412,6 +412,19 @@ def test_plan_rejects_a_cache_dtype_it_cannot_serve(dtype, kv_dtype, words):
     with pytest.raises(MLAInputError, match=re.escape(words)):
         MLADecodePlan(4, 16, 64, dtype=dtype, kv_dtype=kv_dtype)
 
+@pytest.mark.parametrize("device", ["junk", -1, 5.5, "cuda:5", "cpu"])
+def test_plan_names_a_device_it_cannot_use(device, monkeypatch):
+    """A device torch.device refuses, or a GPU index this machine lacks, is an MLAInputError naming device
+    (break-it finding: torch's RuntimeError / TypeError). The check sits behind torch.cuda.is_available,
+    so a one-GPU machine is faked here."""
+    from mla_variants import MLADecodePlan
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(MLAInputError, match="^device: expected"):
+        MLADecodePlan(4, 16, 64, device=device)
+
+
 @pytest.mark.parametrize("value", [True, 0, -1, 3.0, float("nan"), "4096", 2**31, 2**1100])
 def test_max_seq_len_is_checked_first(value):
     """max_seq_len (it picks the split count and the fp8 kernel, and goes into the C struct as int32) is
