@@ -28,8 +28,8 @@ import torch
 from .api import mla_decode as _mla_decode
 from .varlen import check_batch, mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, check_tensor, fail, \
-    fp8_token, shown
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, MIN_SOFTMAX_SCALE, \
+    SOFTMAX_SCALE_RANGE, check_tensor, fail, fp8_token, shown
 
 
 def _tensor_scale(k_scale) -> None:
@@ -66,8 +66,8 @@ def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact", block_table=N
         if seq_lens.shape[0] != batch:
             fail("seq_lens", f"shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}")
     # The schema makes it a float (a SymFloat while tracing, which softmax_scale_ok's isinstance would refuse).
-    if softmax_scale is not None and not 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE:
-        fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g})", shown(softmax_scale))
+    if softmax_scale is not None and not MIN_SOFTMAX_SCALE <= softmax_scale <= MAX_SOFTMAX_SCALE:
+        fail("softmax_scale", SOFTMAX_SCALE_RANGE, shown(softmax_scale))
     if num_kv_splits is not None and not 0 <= num_kv_splits <= MAX_KV_SPLITS:
         fail("num_kv_splits", f"0 (the heuristic) or an int from 1 to {MAX_KV_SPLITS}", shown(num_kv_splits))
     if (kv_cache.dtype is FP8_DTYPE) != (k_scale is not None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .fp8 import FP8_DTYPE, dequantize_kv
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_SOFTMAX_SCALE, MLAInputError, softmax_scale_ok
+from .validation import HEAD_DIM, KV_LORA_RANK, SOFTMAX_SCALE_RANGE, MLAInputError, softmax_scale_ok
 
 
 def _integer(t: torch.Tensor) -> bool:
@@ -14,8 +14,7 @@ def _integer(t: torch.Tensor) -> bool:
 def check_softmax_scale(softmax_scale) -> None:
     """MLAInputError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
     if not softmax_scale_ok(softmax_scale):
-        raise MLAInputError(f"softmax_scale: expected a finite positive number of at most {MAX_SOFTMAX_SCALE:g} (as "
-                             f"mla_decode), got {softmax_scale!r}")
+        raise MLAInputError(f"softmax_scale: expected {SOFTMAX_SCALE_RANGE} (as mla_decode), got {softmax_scale!r}")
 
 
 def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

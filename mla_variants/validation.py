@@ -29,6 +29,9 @@ DTYPE_TOKEN = {**Q_DTYPES, FP8_DTYPE: FP8_KEY}  # a cache's torch dtype -> the d
 DTYPE_TOKENS = (*DTYPE_TOKEN.values(), FP8_FAST_KEY)  # every dispatch dtype token (is_supported & co.)
 FP8_MODES = ("exact", "fast")  # fp8_mode: how a float8_e4m3fn cache is multiplied
 MAX_SOFTMAX_SCALE = 1e30  # the kernel multiplies by scale * log2(e) in fp32
+MIN_SOFTMAX_SCALE = FP32_TINY  # below fp32's smallest normal the kernel's scale would be denormal or 0
+SOFTMAX_SCALE_RANGE = f"a finite positive float (at least {MIN_SOFTMAX_SCALE:.3g} and at most {MAX_SOFTMAX_SCALE:g}, " \
+                      "so that scale * log2(e) is a normal fp32)"
 K_SCALE_MAX = FP32_MAX / 256  # k_scale travels as fp32; the fp8 kernel divides it by its 2^-8 q prescale in fp32
 
 
@@ -349,10 +352,11 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
 
 def softmax_scale_ok(softmax_scale) -> bool:
     """The one softmax_scale rule (mla_decode, the references, the ops' fakes): a Python int or float, not
-    a bool, with 0 < value <= MAX_SOFTMAX_SCALE (beyond it the kernel's fp32 score scale overflows)."""
+    a bool, with MIN_SOFTMAX_SCALE <= value <= MAX_SOFTMAX_SCALE (beyond them the kernel's fp32 score scale
+    overflows or loses its precision)."""
     try:
         return (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-                and 0.0 < float(softmax_scale) <= MAX_SOFTMAX_SCALE)
+                and MIN_SOFTMAX_SCALE <= float(softmax_scale) <= MAX_SOFTMAX_SCALE)
     except OverflowError:
         return False
 
@@ -378,8 +382,7 @@ def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: 
     if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
         fail("seq_lens", f"a contiguous tensor of shape [batch={batch}]", f"shape {tuple(seq_lens.shape)}, strides {tuple(seq_lens.stride())}")
     if not softmax_scale_ok(softmax_scale):
-        fail("softmax_scale", f"a finite positive float (at most {MAX_SOFTMAX_SCALE:g}, so that scale * log2(e) fits fp32)",
-              shown(softmax_scale))
+        fail("softmax_scale", SOFTMAX_SCALE_RANGE, shown(softmax_scale))
     check_k_scale(k_scale, kv_cache, device, softmax_scale)
     return fp8
 

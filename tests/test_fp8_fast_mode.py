@@ -198,6 +198,7 @@ def test_a_plan_takes_the_variants_of_its_fp8_mode(fp8_library, monkeypatch, mod
     from mla_variants import MLADecodePlan, plan
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(plan, "check_workspace", lambda *a, **k: None)
     p = MLADecodePlan(2, 64, 64, kv_dtype=FP8, max_seq_len=256, num_kv_splits=1, workspace=torch.empty(16),
                       fp8_mode=mode)

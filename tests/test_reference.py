@@ -83,7 +83,7 @@ def test_reference_checks_its_arguments():
     """The reference refuses what mla_decode refuses instead of computing NaN or indexing past a list."""
     case = make_paged_case([20, 5], 1, 16, 1, torch.float32, device="cpu", generator=torch.Generator().manual_seed(4))
     args = [case.q, case.kv_cache, case.block_table, case.seq_lens, 0.1]
-    for i, bad, words in ((4, float("nan"), "softmax_scale: expected a finite positive number"),
+    for i, bad, words in ((4, float("nan"), "softmax_scale: expected a finite positive float"),
                           (4, -1.0, "softmax_scale"), (4, True, "softmax_scale"),
                           (3, case.seq_lens[:1], r"seq_lens: expected an integer tensor of shape \[batch=2\]"),
                           (3, case.seq_lens.float(), "seq_lens: expected an integer tensor"),
@@ -91,7 +91,8 @@ def test_reference_checks_its_arguments():
                           (2, case.block_table.float(), "block_table: expected an integer tensor"),
                           (1, case.kv_cache[..., :512], "q/kv_cache: expected q"),
                           # break-it findings: fp32 overflow to NaN, a string, a non-tensor, rows of 600
-                          (4, 1e31, "softmax_scale: expected a finite positive number of at most 1e"),
+                          (4, 1e31, r"softmax_scale: expected a finite positive float \(at least 1.18e-38 and at most 1e"),
+                          (4, 1e-46, "softmax_scale: expected a finite positive float"),
                           (4, "0.1", "softmax_scale"), (1, None, "kv_cache: expected a tensor, got NoneType"),
                           (3, [20, 5], "seq_lens: expected a tensor"),
                           (3, case.seq_lens.bool(), "seq_lens: expected an integer tensor"),

@@ -44,8 +44,9 @@ def _err(**over):
     (dict(block_table=torch.zeros(4, 2, dtype=torch.int32).t()), "block_table: expected a contiguous last dimension"),
     (dict(seq_lens=torch.zeros(3, dtype=torch.int32)), "seq_lens: expected a contiguous tensor of shape [batch=2]"),
     (dict(seq_lens=torch.zeros(2)), "seq_lens: expected dtype torch.int32, got torch.float32"),
-    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive float (at most 1e+30"),
-    (dict(softmax_scale=float("nan")), "so that scale * log2(e) fits fp32), got nan"),
+    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive float (at least 1.18e-38 and at most 1e+30"),
+    (dict(softmax_scale=float("nan")), "so that scale * log2(e) is a normal fp32), got nan"),
+    (dict(softmax_scale=1e-46), "got 1e-46"),   # below fp32's smallest normal: the kernel's scale would be 0
     (dict(softmax_scale=1e39), "got 1e+39"),
     (dict(softmax_scale=10**400), "softmax_scale: expected a finite positive float"),
     (dict(softmax_scale=torch.tensor(0.1)), "softmax_scale: expected a finite positive float"),

@@ -193,6 +193,6 @@ def test_the_reference_names_the_request_and_the_argument():
     with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d integer tensor \\[batch \\+ 1\\] with batch >= 1"):
         mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                     query_start_loc=loc[:1])
-    with pytest.raises(ValueError, match="^softmax_scale: expected a finite positive number"):
+    with pytest.raises(ValueError, match="^softmax_scale: expected a finite positive float"):
         mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, -1.0,
                                     query_start_loc=torch.zeros(4, dtype=torch.int32))
