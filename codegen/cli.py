@@ -21,6 +21,17 @@ from .render import render, write_manifest
 from .variant import Variant, call_dtype
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of -j: an int >= 1 (ninja refuses the rest only after CMake has configured)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {n}")
+    return n
+
+
 def _count(n: int, noun: str) -> str:
     """'1 variant', '2 variants', '0 files' (the build's one-line reports)."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--filter", action="append", metavar="PATTERN",
                            help="keep variants whose name matches (glob, or substring); repeatable")
         if name == "build":
-            p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+            p.add_argument("-j", "--jobs", type=_positive_int, default=None, help="parallel compile jobs (default: all cores)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":

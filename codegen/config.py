@@ -201,13 +201,23 @@ class _Reader:
         return tuple(values)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # variants.yaml is a few KiB; more is a wrong file (e.g. /dev/zero)
+
+
 def load_config(path: str | Path) -> Config:
     """Parse and validate variants.yaml; raises ConfigError (file:line: message) on any problem."""
     path = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(path, None, f"cannot read the variants file: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, None, f"a variants file of at most {MAX_CONFIG_BYTES} bytes expected (is it the right file?)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, data.count(b"\n", 0, e.start) + 1, f"not UTF-8 text (byte {data[e.start]:#04x})") from None
     return parse_config(text, path)
 
 

@@ -124,6 +124,8 @@ def test_cli_reports_config_errors(tmp_path):
     bad.write_text((ROOT / "variants.yaml").read_text().replace("dtype: [bf16, fp16, fp8_e4m3, fp8_e4m3_fast]", "dtype: [bf16, int4]"))
     p = _cli("generate", "--config", str(bad), "--generated-dir", str(tmp_path / "g"))
     assert p.returncode == 2 and "unknown dtype 'int4'" in p.stderr and f"{bad}:" in p.stderr
+    p = _cli("build", "-j", "-3", "--generated-dir", str(tmp_path / "g"))  # refused before CMake runs
+    assert p.returncode == 2 and "-j/--jobs: expected an int >= 1, got -3" in p.stderr, p.stderr
     p = _cli("generate", "--preset", "nope", "--generated-dir", str(tmp_path / "g"))
     assert p.returncode == 2 and "unknown preset 'nope'" in p.stderr
     p = _cli("generate", "--filter", "h7_", "--generated-dir", str(tmp_path / "g"))

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.config import ConfigError, load_config, parse_config
+from codegen.config import MAX_CONFIG_BYTES, ConfigError, load_config, parse_config
 from codegen.paths import CHECKOUT as ROOT
 from codegen.variant import call_dtype
 
@@ -174,3 +174,10 @@ def test_invalid_yaml_and_empty_and_missing_file(tmp_path: Path):
         parse_config("", "v.yaml")
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml")
+    # break-it findings: a file that is not UTF-8 raised UnicodeDecodeError, /dev/zero read without bound
+    (tmp_path / "b.yaml").write_bytes(b"dims:\n  \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"b.yaml:2: not UTF-8 text \(byte 0xff\)"):
+        load_config(tmp_path / "b.yaml")
+    (tmp_path / "big.yaml").write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match="at most 1048576 bytes"):
+        load_config(tmp_path / "big.yaml")
