@@ -11,6 +11,18 @@ def _integer(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype is torch.bool)
 
 
+def check_compute_dtype(dtype) -> None:
+    """MLAInputError unless dtype is a float dtype of at least 16 bits (the references compute in it)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
+        raise MLAInputError(f"dtype: expected a float torch.dtype of 16 bits or more to compute in, got {dtype!r}")
+
+
+def check_readable(name: str, t: torch.Tensor) -> None:
+    """MLAInputError unless t is a dense tensor with data (the references index and read it)."""
+    if t.layout != torch.strided or t.device.type == "meta":
+        raise MLAInputError(f"{name}: expected a dense tensor with data, got a {t.layout} tensor on {t.device}")
+
+
 def check_softmax_scale(softmax_scale) -> None:
     """MLAInputError unless softmax_scale passes mla_decode's rule (validation.softmax_scale_ok)."""
     if not softmax_scale_ok(softmax_scale):
@@ -32,19 +44,34 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
     does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache, a softmax_scale
     that is not a positive number of at most 1e30 (mla_decode's bound), or shapes and dtypes of q,
-    kv_cache, block_table and seq_lens that do not fit together (tensors; q and kv_cache rows of 576;
-    integer block_table and seq_lens, one seq_len per request), and a `dtype` that is not a float dtype.
+    kv_cache, block_table and seq_lens that do not fit together (dense tensors with data; q, or q_nope and
+    q_pe of one dtype, and kv_cache float, on one device, rows of 576; integer block_table and seq_lens,
+    one seq_len per request), and a `dtype` that is not a float dtype of 16 bits or more.
     """
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
             raise MLAInputError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
                                  f"of {len(q)}")
-        q = torch.cat([q[0], q[1]], dim=-1)
+        q_nope, q_pe = q
+        if q_nope.dim() != 4 or q_pe.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.shape[-1] != HEAD_DIM - KV_LORA_RANK \
+                or q_nope.shape[:3] != q_pe.shape[:3] or q_nope.dtype != q_pe.dtype or q_nope.device != q_pe.device:
+            raise MLAInputError(f"q: expected q_nope [batch, q_len, num_heads, {KV_LORA_RANK}] and q_pe [.., "
+                                 f"{HEAD_DIM - KV_LORA_RANK}] of one dtype and device, got {q_nope.dtype} "
+                                 f"{tuple(q_nope.shape)} and {q_pe.dtype} {tuple(q_pe.shape)}")
+        for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):
+            check_readable(name, t)
+        q = torch.cat([q_nope, q_pe], dim=-1)
     for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise MLAInputError(f"{name}: expected a tensor, got {type(t).__name__}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise MLAInputError(f"dtype: expected a float torch.dtype to compute in, got {dtype!r}")
+        check_readable(name, t)
+    check_compute_dtype(dtype)
+    if not q.is_floating_point():
+        raise MLAInputError(f"q: expected a float dtype, got {q.dtype}")
+    if not (kv_cache.is_floating_point() or kv_cache.dtype == FP8_DTYPE):
+        raise MLAInputError(f"kv_cache: expected a float dtype or float8_e4m3fn, got {kv_cache.dtype}")
+    if kv_cache.device != q.device:
+        raise MLAInputError(f"kv_cache: expected a tensor on q's device {q.device}, got {kv_cache.device}")
     if k_scale is not None and kv_cache.dtype != FP8_DTYPE:
         raise MLAInputError(f"k_scale: only for a float8_e4m3fn kv_cache; this cache is {kv_cache.dtype}")
     if kv_cache.dtype == FP8_DTYPE and k_scale is None:

@@ -196,7 +196,7 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
     query_start_loc, or seq_lens / block_table without one row per request, and what
     mla_decode_reference raises (naming request b's entries)."""
-    from .reference import check_softmax_scale, mla_decode_reference
+    from .reference import _integer, check_compute_dtype, check_readable, check_softmax_scale, mla_decode_reference
 
     if isinstance(q, (tuple, list)):
         if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q) or q[0].dim() != 3 or q[1].dim() != 3 \
@@ -208,9 +208,11 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
         packed = q
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
         fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
-    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.is_floating_point() \
+    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or not _integer(query_start_loc) \
             or query_start_loc.shape[0] < 2:
         fail("query_start_loc", "a 1-d integer tensor [batch + 1] with batch >= 1", shown(query_start_loc))
+    check_readable("query_start_loc", query_start_loc)
+    check_compute_dtype(dtype)
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
             fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))

@@ -97,13 +97,25 @@ def test_reference_checks_its_arguments():
                           (3, [20, 5], "seq_lens: expected a tensor"),
                           (3, case.seq_lens.bool(), "seq_lens: expected an integer tensor"),
                           (0, (case.q[..., :512], case.q[..., 512:], case.q), "q: expected a tensor or the pair"),
-                          (0, torch.cat([case.q, case.q[..., :24]], -1), "q/kv_cache: expected q")):
+                          (0, torch.cat([case.q, case.q[..., :24]], -1), "q/kv_cache: expected q"),
+                          # break-it findings (2026-12-06): a pair that does not fit together (torch's
+                          # RuntimeError, or a 500 / 76 split accepted), non-float q or cache, another
+                          # device, tensors without data
+                          (0, (case.q[..., :512], case.q[:1, ..., 512:]), r"q: expected q_nope \[batch"),
+                          (0, (case.q[..., :500], case.q[..., 500:]), r"q: expected q_nope \[batch"),
+                          (0, (case.q[..., :512], case.q[..., 512:].double()), "of one dtype"),
+                          (0, case.q.to(torch.complex64), "q: expected a float dtype"),
+                          (0, case.q.int(), "q: expected a float dtype"),
+                          (1, case.kv_cache.bool(), "kv_cache: expected a float dtype"),
+                          (1, case.kv_cache.to("meta"), "kv_cache: expected a dense tensor with data"),
+                          (0, case.q.to_sparse(), "q: expected a dense tensor with data")):
         a = list(args)
         a[i] = bad
         with pytest.raises(ValueError, match=words):
             mla_decode_reference(*a)
-    with pytest.raises(ValueError, match="dtype: expected a float torch.dtype"):
-        mla_decode_reference(*args, dtype=torch.int32)
+    for dtype in (torch.int32, torch.float8_e4m3fn):
+        with pytest.raises(ValueError, match="dtype: expected a float torch.dtype of 16 bits or more"):
+            mla_decode_reference(*args, dtype=dtype)
     fp8 = case.kv_cache.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale: required"):
         mla_decode_reference(case.q, fp8, case.block_table, torch.zeros(2, dtype=torch.int32), 0.1)

@@ -193,6 +193,13 @@ def test_the_reference_names_the_request_and_the_argument():
     with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d integer tensor \\[batch \\+ 1\\] with batch >= 1"):
         mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
                                     query_start_loc=loc[:1])
+    for bad in (torch.tensor([False, True, True, True]), loc.to("meta")):  # break-it findings: accepted, torch's error
+        with pytest.raises(MLAInputError, match="^query_start_loc: expected"):
+            mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                        query_start_loc=bad)
+    with pytest.raises(MLAInputError, match="^dtype: expected a float torch.dtype"):
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                    query_start_loc=loc, dtype=torch.int32)
     with pytest.raises(ValueError, match="^softmax_scale: expected a finite positive float"):
         mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, -1.0,
                                     query_start_loc=torch.zeros(4, dtype=torch.int32))
