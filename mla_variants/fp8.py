@@ -34,10 +34,21 @@ def _check_scale(k_scale) -> float:
     return scale
 
 
+def _tensors(**named) -> None:
+    """ValueError naming the first argument that is not a dense tensor with data."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if t.layout != torch.strided or t.device.type == "meta":
+            raise ValueError(f"{name}: expected a dense tensor with data, got a {t.layout} tensor on {t.device}")
+
+
 def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
     """Quantize real KV values (any float dtype, any shape) to float8_e4m3fn with ``cache = real / k_scale``,
     rounded to nearest and clamped to +-448 (e4m3fn, "FP8 Formats for Deep Learning", arXiv:2209.05433);
-    NaN stays NaN. Returns the same shape. Raises ValueError for a non-positive or non-finite k_scale."""
+    NaN stays NaN. Returns the same shape. Raises ValueError for a non-tensor `real` or a non-positive or
+    non-finite k_scale."""
+    _tensors(real=real)
     scale = _check_scale(k_scale)
     return (real.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
@@ -45,7 +56,11 @@ def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
 def dequantize_kv(cache: torch.Tensor, k_scale, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The real values of an fp8 cache (any shape): ``cache * k_scale`` in `dtype`, same shape.
 
-    Raises ValueError if cache is not float8_e4m3fn or k_scale is missing, non-positive or not finite."""
+    Raises ValueError if cache is not a float8_e4m3fn tensor, k_scale is missing, non-positive or not
+    finite, or dtype is not a float torch.dtype."""
+    _tensors(cache=cache)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a float torch.dtype, got {dtype!r}")
     if cache.dtype != FP8_DTYPE:
         raise ValueError(f"cache: expected dtype {FP8_DTYPE}, got {cache.dtype}")
     if k_scale is None:
@@ -63,6 +78,7 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
     layer of a larger buffer).
     Raises ValueError naming the argument for wrong shapes, dtypes or slots, a missing k_scale for an
     fp8 cache, or a k_scale given for a bf16/fp16 cache."""
+    _tensors(kv_cache=kv_cache, slot_mapping=slot_mapping, new_kv=new_kv)
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != 576:
         raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 576], got {tuple(kv_cache.shape)}")
     if kv_cache.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
@@ -94,14 +110,16 @@ def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_si
     + pos % page_size, as int64 [batch]; positions < 0 map to -1 (skipped by write_kv_cache).
     block_table: [batch, max_pages] int32; positions: [batch] int. Raises RuntimeError (torch's index
     error) for a position past the table's width, ValueError for positions of another shape or for a
-    position whose page entry is negative (an unallocated page: its token would otherwise be dropped)."""
+    position whose page entry is negative (an unallocated page: its token would otherwise be dropped), and
+    for arguments that are not tensors or a page_size outside 1..2**20."""
+    _tensors(block_table=block_table, positions=positions)
     if block_table.dim() != 2:
         raise ValueError(f"block_table: expected shape [batch, max_pages], got {tuple(block_table.shape)}")
     if positions.dim() != 1 or positions.shape[0] != block_table.shape[0]:
         raise ValueError(f"positions: expected shape [batch={block_table.shape[0]}] (one per block_table row), "
                          f"got {tuple(positions.shape)}")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size: expected an int >= 1, got {page_size!r}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 2**20:
+        raise ValueError(f"page_size: expected an int from 1 to 2**20, got {page_size!r}")
     pos = positions.long()
     col = pos.clamp_min(0) // page_size
     page = block_table.gather(1, col[:, None]).squeeze(1).long()

@@ -104,8 +104,26 @@ def test_an_unallocated_page_is_named_not_dropped():
                                          r"got block_table\[0, 1\] = -1"):
         slot_mapping_for(table, torch.tensor([20, 5]), 16)
     assert slot_mapping_for(table, torch.tensor([-1, 5]), 16).tolist() == [-1, 37]  # padding stays -1
-    with pytest.raises(ValueError, match="page_size: expected an int >= 1"):
-        slot_mapping_for(table, torch.tensor([1, 5]), 0)
+    for page_size in (0, 2**70):  # 2**70: torch's OverflowError before (break-it finding)
+        with pytest.raises(ValueError, match="page_size: expected an int from 1 to 2\\*\\*20"):
+            slot_mapping_for(table, torch.tensor([1, 5]), page_size)
+
+
+def test_helpers_name_an_argument_that_is_not_a_tensor():
+    """Break-it findings: a list, None or a meta tensor gave AttributeError or torch's errors."""
+    cache = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    for call, name in ((lambda: write_kv_cache(cache, [0, 1, 2], torch.randn(3, 576)), "slot_mapping"),
+                       (lambda: write_kv_cache(None, torch.tensor([0]), torch.randn(1, 576)), "kv_cache"),
+                       (lambda: write_kv_cache(cache, torch.tensor([0]), [[0.0] * 576]), "new_kv"),
+                       (lambda: slot_mapping_for(None, torch.tensor([1, 2]), 16), "block_table"),
+                       (lambda: slot_mapping_for(table, [1, 2], 16), "positions"),
+                       (lambda: slot_mapping_for(table, torch.tensor([1, 2], device="meta"), 16), "positions"),
+                       (lambda: quantize_kv([1.0], 1.0), "real"),
+                       (lambda: dequantize_kv(None, 1.0), "cache"),
+                       (lambda: dequantize_kv(cache.to(torch.float8_e4m3fn), 1.0, dtype="float32"), "dtype")):
+        with pytest.raises(ValueError, match=f"^{name}: expected"):
+            call()
 
 
 def test_is_supported_checks_its_numbers():
