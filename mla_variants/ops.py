@@ -28,8 +28,8 @@ import torch
 from .api import mla_decode as _mla_decode
 from .varlen import check_batch, mla_decode_varlen as _mla_decode_varlen
 from .fp8 import FP8_DTYPE
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, MIN_SOFTMAX_SCALE, \
-    SOFTMAX_SCALE_RANGE, check_tensor, fail, fp8_token, shown
+from .validation import KV_LORA_RANK, MAX_KV_SPLITS, MAX_Q_LEN, MAX_SOFTMAX_SCALE, MIN_SOFTMAX_SCALE, \
+    SOFTMAX_SCALE_RANGE, check_cache_shape, check_tensor, fail, fp8_token, shown
 
 
 def _tensor_scale(k_scale) -> None:
@@ -54,8 +54,7 @@ def _fake_check(q_nope, q_pe, kv_cache, k_scale, fp8_mode="exact", block_table=N
     if not 1 <= q_nope.shape[1] <= MAX_Q_LEN or q_nope.shape[2] < 1:
         fail("q_nope", f"q_len (dim 1) from 1 to {MAX_Q_LEN} and num_heads (dim 2) >= 1", f"shape {tuple(q_nope.shape)}")
     check_tensor("kv_cache", kv_cache, 3, (q_nope.dtype, FP8_DTYPE) if q_nope.dtype is torch.bfloat16 else q_nope.dtype)
-    if kv_cache.shape[-1] != HEAD_DIM:
-        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    check_cache_shape(kv_cache)
     batch = q_nope.shape[0] if batch is None else batch
     if block_table is not None:
         check_tensor("block_table", block_table, 2, torch.int32)

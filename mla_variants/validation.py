@@ -361,6 +361,14 @@ def softmax_scale_ok(softmax_scale) -> bool:
         return False
 
 
+def check_cache_shape(kv_cache: torch.Tensor) -> None:
+    """A 3-d kv_cache's shape: [num_pages >= 1, page_size >= 1, 576] (the eager calls and the ops' fakes)."""
+    if kv_cache.shape[-1] != HEAD_DIM:
+        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    if kv_cache.shape[0] < 1 or kv_cache.shape[1] < 1:
+        fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+
+
 def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: int, dtype, device, q_arg: str) -> bool:
     """The cache and metadata arguments of a call whose q (named q_arg) has `batch` requests of `dtype` on
     `device` (MLAInputError naming the argument otherwise); returns whether the cache is fp8."""
@@ -368,11 +376,7 @@ def check_cache(kv_cache, block_table, seq_lens, softmax_scale, k_scale, batch: 
     if fp8 and dtype is not torch.bfloat16:
         fail(q_arg, "bf16 with a float8_e4m3fn kv_cache (q and out are bf16)", dtype)
     check_tensor("kv_cache", kv_cache, 3, (dtype, FP8_DTYPE) if dtype is torch.bfloat16 else dtype, device)
-    if kv_cache.shape[-1] != HEAD_DIM:
-        fail("kv_cache", f"shape [num_pages, page_size, {HEAD_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
-    if num_pages < 1 or page_size < 1:
-        fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+    check_cache_shape(kv_cache)
     check_tensor("block_table", block_table, 2, torch.int32, device)
     if block_table.shape[0] != batch or block_table.shape[1] < 1:
         fail("block_table", f"shape [batch={batch}, max_pages_per_seq >= 1]", f"shape {tuple(block_table.shape)}")

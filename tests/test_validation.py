@@ -272,6 +272,7 @@ def _meta_args(batch=3, q_len=1, heads=16, kv=(4, 64, 576), kv_dtype=torch.bfloa
     ({"q_len": 9}, "q_nope: expected q_len (dim 1) from 1 to 8"),
     ({"heads": 0}, "num_heads (dim 2) >= 1"),
     ({"kv": (4, 64, 100)}, "kv_cache: expected shape [num_pages, page_size, 576]"),
+    ({"kv": (0, 16, 576)}, "kv_cache: expected at least one page"),   # the fake traced it (break-it finding)
     ({"kv_dtype": torch.float32}, "kv_cache: expected dtype"),
     ({"q_dtype": torch.float16, "kv_dtype": torch.float8_e4m3fn}, "kv_cache: expected dtype torch.float16"),
     ({"bt_batch": 2}, "block_table: expected shape [batch=3"),
