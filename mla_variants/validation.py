@@ -217,7 +217,7 @@ def apply_fp8_mode(c: Call, fp8_mode) -> None:
 
 def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:
     if type(k_scale) is float:
-        return FP32_TINY <= k_scale <= K_SCALE_MAX and softmax_scale * k_scale < MAX_SOFTMAX_SCALE
+        return FP32_TINY <= k_scale <= K_SCALE_MAX and MIN_SOFTMAX_SCALE <= softmax_scale * k_scale < MAX_SOFTMAX_SCALE
     return (isinstance(k_scale, torch.Tensor) and k_scale.layout is torch.strided and k_scale.dtype is torch.float32
             and k_scale.numel() == 1 and k_scale.get_device() == dev and k_scale.data_ptr() % 4 == 0
             and not k_scale.is_nested and not k_scale.is_neg())
@@ -226,7 +226,7 @@ def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:
 def check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
     """k_scale must come with an fp8 cache, and only with one: a positive float from fp32's smallest
     normal value to fp32's largest / 256 (the kernel divides it by its 2^-8 q prescale), with
-    softmax_scale * k_scale <= 1e30 so the fp32 score scale stays finite; or a 1-element float32 strided
+    softmax_scale * k_scale from 1.18e-38 to 1e30 so the fp32 score scale is a normal number; or a 1-element float32 strided
     tensor on the cache's device (read by the kernel, so a CUDA graph sees it change; its value is the
     caller's to keep in that range). Call it after softmax_scale is checked."""
     if kv_cache.dtype is not FP8_DTYPE:
@@ -256,9 +256,9 @@ def check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
         fail("k_scale", f"a value in [{FP32_TINY:.3g}, {K_SCALE_MAX:.3g}] (fp32's normal range, less the "
                          "kernel's 2^8 q prescale)", shown(k_scale))
     product = float(softmax_scale) * float(k_scale)
-    if not product <= MAX_SOFTMAX_SCALE:
-        fail("k_scale", f"softmax_scale * k_scale <= {MAX_SOFTMAX_SCALE:g} (the kernel's fp32 score scale)",
-              f"k_scale {k_scale!r} with softmax_scale {softmax_scale!r}")
+    if not MIN_SOFTMAX_SCALE <= product <= MAX_SOFTMAX_SCALE:
+        fail("k_scale", f"softmax_scale * k_scale from {MIN_SOFTMAX_SCALE:.3g} to {MAX_SOFTMAX_SCALE:g} (the kernel's "
+                         "fp32 score scale, a normal fp32)", f"k_scale {k_scale!r} with softmax_scale {softmax_scale!r}")
 
 
 def fill_call(c: Call, q_nope, q_pe, kv_cache, block_table, seq_lens, softmax_scale, out, lse, dev: int) -> Call:
@@ -317,7 +317,7 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
                 or st[3] != 1 or qp_st[3] != 1 or min(st[:3]) < 0 or min(qp_st[:3]) < 0
                 or (st[0] | st[1] | st[2] | qp_st[0] | qp_st[1] | qp_st[2]) % 8):
             return None
-        if type(softmax_scale) is not float or not 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE:
+        if type(softmax_scale) is not float or not MIN_SOFTMAX_SCALE <= softmax_scale <= MAX_SOFTMAX_SCALE:
             return None
         if out is not None:
             o_st = out.stride()
@@ -351,11 +351,11 @@ def fast_validate(q, kv_cache, block_table, seq_lens, softmax_scale, out, lse, k
 
 
 def softmax_scale_ok(softmax_scale) -> bool:
-    """The one softmax_scale rule (mla_decode, the references, the ops' fakes): a Python int or float, not
-    a bool, with MIN_SOFTMAX_SCALE <= value <= MAX_SOFTMAX_SCALE (beyond them the kernel's fp32 score scale
-    overflows or loses its precision)."""
+    """The one softmax_scale rule (mla_decode, the references, the ops' fakes): a real number (int, float,
+    a numpy scalar), not a bool or a tensor, with MIN_SOFTMAX_SCALE <= value <= MAX_SOFTMAX_SCALE (beyond
+    them the kernel's fp32 score scale overflows or loses its precision)."""
     try:
-        return (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+        return (isinstance(softmax_scale, numbers.Real) and not isinstance(softmax_scale, (bool, torch.Tensor))
                 and MIN_SOFTMAX_SCALE <= float(softmax_scale) <= MAX_SOFTMAX_SCALE)
     except OverflowError:
         return False

@@ -119,6 +119,11 @@ def test_fast_path_sends_unusual_outputs_to_the_full_check(monkeypatch):
     wide = torch.zeros(2, 1, 16, 1024, dtype=torch.bfloat16)[..., :512]  # row stride 1024: plain enough
     assert _fast_validate(*args, wide, lse) is not None
     assert _fast_validate(*args, None, None) is not None
+    # the fast screen and softmax_scale_ok agree on every softmax_scale (break-it finding: the screen let
+    # 1e-46 through after the full check learned its lower bound)
+    from mla_variants.validation import softmax_scale_ok
+    for v in (0.0, 5e-324, 1e-46, 1.1754943508222875e-38, 1e-3, 0.07, 1e30, 1.0000000000000002e30, float("inf"), float("nan")):
+        assert (_fast_validate(*args[:4], v, None, None) is not None) == softmax_scale_ok(v), v
     unusual = {
         "out shape": torch.zeros(2, 1, 16, 256, dtype=torch.bfloat16),
         "out dtype": torch.zeros(2, 1, 16, 512, dtype=torch.float16),
@@ -353,7 +358,8 @@ def _err_fp8(k_scale, **over):
     (1.0, dict(softmax_scale=1e31), "softmax_scale: expected a finite positive float"),
     (1.0, dict(softmax_scale=10**400), "softmax_scale: expected a finite positive float"),
     (torch.tensor([1 + 2j]).conj().imag, {}, "k_scale: expected a tensor whose memory holds its value"),
-    (1e32, {}, "k_scale: expected softmax_scale * k_scale <= 1e+30 (the kernel's fp32 score scale), got k_scale 1e+32 with softmax_scale 0.1"),
+    (1e32, {}, "k_scale: expected softmax_scale * k_scale from 1.18e-38 to 1e+30 (the kernel's fp32 score scale, a normal fp32), got k_scale 1e+32 with softmax_scale 0.1"),
+    (1e-20, dict(softmax_scale=1e-20), "k_scale: expected softmax_scale * k_scale from 1.18e-38"),  # a denormal product
     (torch.ones(1, dtype=torch.float64), {}, "k_scale: expected a positive float or a 1-element float32 (strided) tensor"),
     (0.5, dict(q=torch.zeros(2, 1, 16, 576, dtype=torch.float16)),
      "q: expected bf16 with a float8_e4m3fn kv_cache (q and out are bf16), got torch.float16"),
