@@ -19,8 +19,31 @@ def check_compute_dtype(dtype) -> None:
 
 def check_readable(name: str, t: torch.Tensor) -> None:
     """MLAInputError unless t is a dense tensor with data (the references index and read it)."""
-    if t.layout != torch.strided or t.device.type == "meta":
-        raise MLAInputError(f"{name}: expected a dense tensor with data, got a {t.layout} tensor on {t.device}")
+    if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
+        raise MLAInputError(f"{name}: expected a dense tensor with data, got a {'nested' if t.is_nested else t.layout} "
+                             f"tensor on {t.device}")
+
+
+def joined_q(q, lead: str):
+    """q itself, or the pair (q_nope [*lead, 512], q_pe [*lead, 64]) joined along the last dimension after
+    checking that it fits together (tensors with data, one dtype and device, equal leading shapes); `lead`
+    names the leading dimensions in the message (e.g. "batch, q_len, num_heads")."""
+    if not isinstance(q, (tuple, list)):
+        return q
+    if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
+        raise MLAInputError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
+                             f"of {len(q)}")
+    q_nope, q_pe = q
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):
+        check_readable(name, t)
+    rank = lead.count(",") + 2
+    if q_nope.dim() != rank or q_pe.dim() != rank or q_nope.shape[-1] != KV_LORA_RANK \
+            or q_pe.shape[-1] != HEAD_DIM - KV_LORA_RANK or q_nope.shape[:-1] != q_pe.shape[:-1] \
+            or q_nope.dtype != q_pe.dtype or q_nope.device != q_pe.device:
+        raise MLAInputError(f"q: expected q_nope [{lead}, {KV_LORA_RANK}] and q_pe [{lead}, {HEAD_DIM - KV_LORA_RANK}] "
+                             f"of one dtype and device, got {q_nope.dtype} {tuple(q_nope.shape)} on {q_nope.device} "
+                             f"and {q_pe.dtype} {tuple(q_pe.shape)} on {q_pe.device}")
+    return torch.cat([q_nope, q_pe], dim=-1)
 
 
 def check_softmax_scale(softmax_scale) -> None:
@@ -43,24 +66,12 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     Raises MLAInputError (a ValueError) where the kernel would give NaN rows instead (a seq_len below 0 or beyond
     max_pages_per_seq * page_size, a used block_table entry outside [0, num_pages)), and, as mla_decode
     does, for an fp8 cache without k_scale or a k_scale given with a bf16/fp16 cache, a softmax_scale
-    that is not a positive number of at most 1e30 (mla_decode's bound), or shapes and dtypes of q,
+    outside mla_decode's range (1.18e-38 to 1e30), or shapes and dtypes of q,
     kv_cache, block_table and seq_lens that do not fit together (dense tensors with data; q, or q_nope and
     q_pe of one dtype, and kv_cache float, on one device, rows of 576; integer block_table and seq_lens,
     one seq_len per request), and a `dtype` that is not a float dtype of 16 bits or more.
     """
-    if isinstance(q, (tuple, list)):
-        if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q):
-            raise MLAInputError(f"q: expected a tensor or the pair (q_nope, q_pe) of tensors, got {type(q).__name__} "
-                                 f"of {len(q)}")
-        q_nope, q_pe = q
-        if q_nope.dim() != 4 or q_pe.dim() != 4 or q_nope.shape[-1] != KV_LORA_RANK or q_pe.shape[-1] != HEAD_DIM - KV_LORA_RANK \
-                or q_nope.shape[:3] != q_pe.shape[:3] or q_nope.dtype != q_pe.dtype or q_nope.device != q_pe.device:
-            raise MLAInputError(f"q: expected q_nope [batch, q_len, num_heads, {KV_LORA_RANK}] and q_pe [.., "
-                                 f"{HEAD_DIM - KV_LORA_RANK}] of one dtype and device, got {q_nope.dtype} "
-                                 f"{tuple(q_nope.shape)} and {q_pe.dtype} {tuple(q_pe.shape)}")
-        for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):
-            check_readable(name, t)
-        q = torch.cat([q_nope, q_pe], dim=-1)
+    q = joined_q(q, "batch, q_len, num_heads")
     for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise MLAInputError(f"{name}: expected a tensor, got {type(t).__name__}")

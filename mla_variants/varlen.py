@@ -76,15 +76,17 @@ def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
 
 
 def check_batch(query_start_loc: torch.Tensor, block_table, seq_lens) -> int:
-    """batch = len(query_start_loc) - 1, after checking that block_table and seq_lens, when both are
-    tensors with one row per request, agree with it: a query_start_loc of the wrong length is named as
-    such (check_cache names block_table or seq_lens when only one of them is off)."""
+    """batch = len(query_start_loc) - 1, after checking that block_table [n, max_pages] and seq_lens [n],
+    when both are dense tensors that agree on n, agree with it: a query_start_loc of the wrong length is
+    named as such (check_cache names block_table or seq_lens when only one of them is off, or is not a
+    tensor of its rank). Only compares sizes, so a traced (symbolic) size goes through."""
     batch = query_start_loc.shape[0] - 1
-    rows = {t.shape[0] for t in (block_table, seq_lens) if isinstance(t, torch.Tensor) and t.dim() >= 1}
-    if len(rows) == 1 and batch not in rows:
-        n = rows.pop()
-        fail("query_start_loc", f"batch + 1 = {n + 1} entries (block_table and seq_lens have batch = {n} rows)",
-             f"{batch + 1} entries")
+    if all(isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_nested for t in (block_table, seq_lens)) \
+            and block_table.dim() == 2 and seq_lens.dim() == 1:
+        n = seq_lens.shape[0]
+        if block_table.shape[0] == n and n != batch:
+            fail("query_start_loc", f"batch + 1 = {n + 1} entries (block_table and seq_lens have batch = {n} rows)",
+                 f"{batch + 1} entries")
     return batch
 
 
@@ -196,23 +198,18 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
     query_start_loc, or seq_lens / block_table without one row per request, and what
     mla_decode_reference raises (naming request b's entries)."""
-    from .reference import _integer, check_compute_dtype, check_readable, check_softmax_scale, mla_decode_reference
+    from .reference import _integer, check_compute_dtype, check_readable, check_softmax_scale, joined_q, mla_decode_reference
 
-    if isinstance(q, (tuple, list)):
-        if len(q) != 2 or not all(isinstance(t, torch.Tensor) for t in q) or q[0].dim() != 3 or q[1].dim() != 3 \
-                or q[0].shape[:2] != q[1].shape[:2]:
-            fail("q", "a tensor [total_q_tokens, num_heads, 576] or the pair ([total_q_tokens, num_heads, 512], "
-                      "[total_q_tokens, num_heads, 64])", shown(q))
-        packed = torch.cat([q[0], q[1]], dim=-1)
-    else:
-        packed = q
+    packed = joined_q(q, "total_q_tokens, num_heads")
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
         fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
+    check_readable("q", packed)
     if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or not _integer(query_start_loc) \
             or query_start_loc.shape[0] < 2:
         fail("query_start_loc", "a 1-d integer tensor [batch + 1] with batch >= 1", shown(query_start_loc))
     check_readable("query_start_loc", query_start_loc)
     check_compute_dtype(dtype)
+    check_batch(query_start_loc, block_table, seq_lens)
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
             fail(name, f"batch = len(query_start_loc) - 1 = {query_start_loc.shape[0] - 1} rows", shown(t))

@@ -102,6 +102,7 @@ def test_a_malformed_query_start_loc_gives_nan_rows_not_a_crash(loc, bad):
     # one entry too many: block_table and seq_lens agree on 2 requests, so query_start_loc is the one named
     ({"query_start_loc": torch.tensor([0, 1, 2, 3], dtype=torch.int32)}, "query_start_loc"),
     ({"seq_lens": torch.tensor([30], dtype=torch.int32)}, "seq_lens"),               # one of the two disagrees
+    ({"seq_lens": None}, "seq_lens"),                                                # not a tensor: named itself
 ])
 def test_argument_errors_name_the_argument(kwargs, arg):
     case, q, loc = packed_case([30, 40], [1, 2], 8, 16)
@@ -167,6 +168,11 @@ def test_the_varlen_op_has_shapes_for_tracing():
         torch.ops.mla_variants.mla_decode_varlen(*args[:4], args[4][:2], args[5], 4, 0.1, 0)
     with pytest.raises(MLAInputError, match="^query_start_loc: expected batch \\+ 1 = 4 entries"):
         torch.ops.mla_variants.mla_decode_varlen(*args[:5], args[5][:3], 4, 0.1, 0)
+    # symbolic sizes (torch.compile dynamic=True) trace through the checks (break-it finding: a set of
+    # SymInts raised "unhashable type")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    graph = make_fx(lambda *a: torch.ops.mla_variants.mla_decode_varlen(*a, 4, 0.1, 0), tracing_mode="symbolic")(*args)
+    assert "mla_decode_varlen" in str(graph.graph)
     # more tokens than MAX_Q_LEN in all is fine: each packed token is one query row
     many = (torch.empty(40, 16, 512, dtype=torch.bfloat16, **m), torch.empty(40, 16, 64, dtype=torch.bfloat16, **m))
     out, lse = torch.ops.mla_variants.mla_decode_varlen(*many, *args[2:], 4, 0.1, 0)
@@ -185,9 +191,17 @@ def test_the_reference_names_the_request_and_the_argument():
                                             "got a torch.int32 tensor of shape \\(2, 4\\)"):
         mla_decode_varlen_reference(q, case.kv_cache, case.block_table[:2], case.seq_lens, case.softmax_scale,
                                     query_start_loc=loc)
-    with pytest.raises(MLAInputError, match="^q: expected a tensor"):
-        mla_decode_varlen_reference((q[..., :512], q[:2, :, 512:]), case.kv_cache, case.block_table, case.seq_lens,
-                                    case.softmax_scale, query_start_loc=loc)
+    # pairs that do not fit together, among them a swapped pair (break-it finding: silently wrong)
+    for pair in ((q[..., :512], q[:2, :, 512:]), (q[..., 512:], q[..., :512]), (q[..., :512], q[..., 512:].float())):
+        with pytest.raises(MLAInputError, match="^q: expected q_nope \\[total_q_tokens, num_heads, 512\\]"):
+            mla_decode_varlen_reference(pair, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                        query_start_loc=loc)
+    with pytest.raises(MLAInputError, match="^query_start_loc: expected batch \\+ 1 = 4 entries"):  # one too many
+        mla_decode_varlen_reference(q, case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                    query_start_loc=torch.tensor([0, 1, 2, 3, 3], dtype=torch.int32))
+    with pytest.raises(MLAInputError, match="^q: expected a dense tensor with data"):
+        mla_decode_varlen_reference(q.to_sparse(), case.kv_cache, case.block_table, case.seq_lens, case.softmax_scale,
+                                    query_start_loc=loc)
     # break-it findings: an empty query_start_loc was blamed on seq_lens ("-1 rows"); a batch of q_len-0
     # requests checked nothing
     with pytest.raises(MLAInputError, match="^query_start_loc: expected a 1-d integer tensor \\[batch \\+ 1\\] with batch >= 1"):
