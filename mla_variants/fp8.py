@@ -39,8 +39,9 @@ def _tensors(**named) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-        if t.layout != torch.strided or t.device.type == "meta":
-            raise ValueError(f"{name}: expected a dense tensor with data, got a {t.layout} tensor on {t.device}")
+        if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
+            raise ValueError(f"{name}: expected a dense tensor with data, got a {'nested' if t.is_nested else t.layout} "
+                             f"tensor on {t.device}")
 
 
 def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
@@ -59,8 +60,8 @@ def dequantize_kv(cache: torch.Tensor, k_scale, dtype: torch.dtype = torch.float
     Raises ValueError if cache is not a float8_e4m3fn tensor, k_scale is missing, non-positive or not
     finite, or dtype is not a float torch.dtype."""
     _tensors(cache=cache)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype: expected a float torch.dtype, got {dtype!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
+        raise ValueError(f"dtype: expected a float torch.dtype of 16 bits or more, got {dtype!r}")
     if cache.dtype != FP8_DTYPE:
         raise ValueError(f"cache: expected dtype {FP8_DTYPE}, got {cache.dtype}")
     if k_scale is None:
@@ -108,19 +109,26 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
 def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
     """Flat slots of token `positions[b]` of each request b: block_table[b, pos // page_size] * page_size
     + pos % page_size, as int64 [batch]; positions < 0 map to -1 (skipped by write_kv_cache).
-    block_table: [batch, max_pages] int32; positions: [batch] int. Raises RuntimeError (torch's index
-    error) for a position past the table's width, ValueError for positions of another shape or for a
-    position whose page entry is negative (an unallocated page: its token would otherwise be dropped), and
-    for arguments that are not tensors or a page_size outside 1..2**20."""
+    block_table: [batch, max_pages] integer; positions: [batch] integer. Raises ValueError for a position
+    past the table's width, positions of another shape, a position whose page entry is negative (an
+    unallocated page: its token would otherwise be dropped), arguments that are not integer tensors, and
+    a page_size outside 1..2**20."""
     _tensors(block_table=block_table, positions=positions)
-    if block_table.dim() != 2:
-        raise ValueError(f"block_table: expected shape [batch, max_pages], got {tuple(block_table.shape)}")
-    if positions.dim() != 1 or positions.shape[0] != block_table.shape[0]:
-        raise ValueError(f"positions: expected shape [batch={block_table.shape[0]}] (one per block_table row), "
-                         f"got {tuple(positions.shape)}")
+    integer = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+    if block_table.dim() != 2 or block_table.shape[1] < 1 or block_table.dtype not in integer:
+        raise ValueError(f"block_table: expected an integer tensor of shape [batch, max_pages >= 1], got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    if positions.dim() != 1 or positions.shape[0] != block_table.shape[0] or positions.dtype not in integer:
+        raise ValueError(f"positions: expected an integer tensor of shape [batch={block_table.shape[0]}] (one per "
+                         f"block_table row), got {positions.dtype} {tuple(positions.shape)}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 2**20:
         raise ValueError(f"page_size: expected an int from 1 to 2**20, got {page_size!r}")
     pos = positions.long()
+    capacity = block_table.shape[1] * page_size
+    if pos.numel() and int(pos.max()) >= capacity:
+        b = int(pos.argmax())
+        raise ValueError(f"positions: expected positions below max_pages * page_size = {capacity} (the table's "
+                         f"width), got {int(pos[b])} for request {b}")
     col = pos.clamp_min(0) // page_size
     page = block_table.gather(1, col[:, None]).squeeze(1).long()
     unallocated = (pos >= 0) & (page < 0)

@@ -92,8 +92,17 @@ def test_reference_rejects_k_scale_for_a_bf16_cache():
 
 def test_positions_must_match_the_block_table_rows():
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
-    with pytest.raises(ValueError, match=r"positions: expected shape \[batch=2\] \(one per block_table row\), got \(1,\)"):
+    with pytest.raises(ValueError, match=r"positions: expected an integer tensor of shape \[batch=2\] \(one per "
+                                         r"block_table row\), got torch.int64 \(1,\)"):
         slot_mapping_for(table, torch.tensor([0]), 16)
+    # break-it findings: float positions were truncated, a position past the table raised torch's IndexError
+    with pytest.raises(ValueError, match=r"positions: expected an integer tensor"):
+        slot_mapping_for(table, torch.tensor([17.5, 0.0]), 16)
+    with pytest.raises(ValueError, match=r"positions: expected positions below max_pages \* page_size = 64 .*got 64 "
+                                         r"for request 1"):
+        slot_mapping_for(table, torch.tensor([3, 64]), 16)
+    with pytest.raises(ValueError, match=r"block_table: expected an integer tensor of shape \[batch, max_pages >= 1\]"):
+        slot_mapping_for(table.float(), torch.tensor([3, 4]), 16)
 
 
 def test_an_unallocated_page_is_named_not_dropped():
