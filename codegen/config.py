@@ -21,7 +21,9 @@ which the fp8_e4m3 variants serve).
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,11 +209,17 @@ MAX_CONFIG_BYTES = 1 << 20  # variants.yaml is a few KiB; more is a wrong file (
 def load_config(path: str | Path) -> Config:
     """Parse and validate variants.yaml; raises ConfigError (file:line: message) on any problem."""
     path = str(path)
+    if "\0" in path:
+        raise ConfigError(path.replace("\0", "\\0"), None, "not a usable path (it holds a NUL byte)")
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        regular = stat.S_ISREG(os.stat(path).st_mode)  # a FIFO would block open(), a device never end
+        if regular:
+            with open(path, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(path, None, f"cannot read the variants file: {e.strerror}") from None
+    if not regular:
+        raise ConfigError(path, None, "a regular file expected (the variants file)")
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(path, None, f"a variants file of at most {MAX_CONFIG_BYTES} bytes expected (is it the right file?)")
     try:

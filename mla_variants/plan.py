@@ -106,7 +106,7 @@ class MLADecodePlan:
             fail("device", "a CUDA device (MLADecodePlan launches kernels)", "no CUDA device on this machine")
         try:
             self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        except (RuntimeError, TypeError):
+        except (RuntimeError, TypeError, ValueError, OverflowError):
             fail("device", "None, a torch.device, a device string such as 'cuda:0' or a CUDA device index", shown(device))
         if self.device.type != "cuda":
             fail("device", "a CUDA device", self.device)

@@ -1,4 +1,5 @@
 """variants.yaml schema validation: every error names the file, the line and the key or value."""
+import os
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,10 @@ def test_invalid_yaml_and_empty_and_missing_file(tmp_path: Path):
     (tmp_path / "big.yaml").write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(ConfigError, match="at most 1048576 bytes"):
         load_config(tmp_path / "big.yaml")
+    os.mkfifo(tmp_path / "fifo.yaml")  # open() would wait for a writer forever (break-it finding)
+    with pytest.raises(ConfigError, match="a regular file expected"):
+        load_config(tmp_path / "fifo.yaml")
+    with pytest.raises(ConfigError, match="a regular file expected"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="NUL byte"):
+        load_config("a\0b.yaml")
