@@ -226,9 +226,9 @@ def _k_scale_ok_fast(k_scale, dev: int, softmax_scale: float) -> bool:
 def check_k_scale(k_scale, kv_cache, device, softmax_scale) -> None:
     """k_scale must come with an fp8 cache, and only with one: a positive float from fp32's smallest
     normal value to fp32's largest / 256 (the kernel divides it by its 2^-8 q prescale), with
-    softmax_scale * k_scale from 1.18e-38 to 1e30 so the fp32 score scale is a normal number; or a 1-element float32 strided
-    tensor on the cache's device (read by the kernel, so a CUDA graph sees it change; its value is the
-    caller's to keep in that range). Call it after softmax_scale is checked."""
+    softmax_scale * k_scale from 1.18e-38 to 1e30 so the fp32 score scale is a normal number; or a
+    1-element float32 strided tensor on the cache's device (read by the kernel, so a CUDA graph sees it
+    change; its value is the caller's to keep in that range). Call it after softmax_scale is checked."""
     if kv_cache.dtype is not FP8_DTYPE:
         if k_scale is not None:
             fail("k_scale", f"None for a {kv_cache.dtype} kv_cache (k_scale dequantizes float8_e4m3fn caches only)",
