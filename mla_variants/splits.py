@@ -3,6 +3,8 @@ idea: split the keys when the batch alone cannot fill the GPU). It reads which k
 from the variant's path facts (the build's manifest), never from rules of its own."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from codegen.variant import FP8_FAST
@@ -12,6 +14,13 @@ from .dispatch import PathFacts, VariantNotCompiledError
 from .validation import DTYPE_TOKEN, DTYPE_TOKENS, MAX_Q_LEN, fail, shown
 
 HEURISTIC_MAX_SPLITS = 64  # never more: beyond it the combine costs more than the finer split saves
+# The wave model of _for_rows, for requests of at least WAVE_MIN_REQUEST_ROWS query rows (compute-bound
+# CTAs; below it a partial wave still draws the memory bandwidth): a piece's fixed cost (its Q load, the
+# pipeline's refill, its epilogue and share of the combine) in tiles, and the percentage of the one-wave
+# rule's modelled time another count must stay below to be taken.
+WAVE_MIN_REQUEST_ROWS = 128
+PIECE_COST_TILES = 6
+WAVE_MARGIN_PERCENT = 90
 # fp8 fast variants: pieces short enough for the exact short-split kernel give way to pieces of
 # FAST_PIECE_KEYS keys on the fast kernel when those still make FAST_PIECE_MIN_CTAS CTAs (fast_pieces).
 FAST_PIECE_KEYS = 256
@@ -25,15 +34,22 @@ def _request_rows(num_heads: int, q_len: int, variant_heads: int | None) -> tupl
     return (variant_heads or num_heads) * q_len, max(num_heads, variant_heads or 0) * q_len
 
 
+@functools.lru_cache(maxsize=4096)  # pure in its ints; a serving loop repeats its shapes
 def _for_rows(batch: int, rows_per_req: int, rows: int, max_seq_len: int, num_sms: int, tile_keys: int) -> int:
     """The count for CTAs of `rows` query rows (num_kv_splits_for)."""
     ctas = batch * -(-rows_per_req // rows)
-    if ctas == 0 or ctas >= num_sms:
+    if ctas == 0:
         return 1
-    by_sms = num_sms // ctas
     tiles = -(-max_seq_len // tile_keys)  # integer ceil: any int, however large
-    by_len = max(1, tiles if batch == 1 else tiles // 2)
-    return max(1, min(by_sms, by_len, HEURISTIC_MAX_SPLITS))
+    cap = max(1, min(tiles if batch == 1 else tiles // 2, HEURISTIC_MAX_SPLITS))
+    n = 1 if ctas >= num_sms else min(num_sms // ctas, cap)  # one wave
+    if rows_per_req < WAVE_MIN_REQUEST_ROWS:
+        return n
+    # A last wave that leaves SMs idle: the count whose waves x (tiles a piece + its fixed cost) is least.
+    def cost(k: int) -> int:
+        return -(-ctas * k // num_sms) * (-(-tiles // k) + PIECE_COST_TILES)
+    best = min(range(1, cap + 1), key=lambda k: (cost(k), k))
+    return best if 100 * cost(best) < WAVE_MARGIN_PERCENT * cost(n) else n
 
 
 def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, max_seq_len: int,
@@ -45,7 +61,11 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     num_heads) decides its rows per CTA (a transposed variant holds up to 32 rows of one request). If that fills the SMs: 1. Otherwise as many pieces as fill the SMs once, at most
     ceil(max_seq_len / tile) // 2 (two tiles per piece: one round of the two math warpgroups) or, for a
     single request, ceil(max_seq_len / tile) (one tile per piece: its combine is small), at most
-    HEURISTIC_MAX_SPLITS. When the pieces this gives are short enough for the variant's second kernel
+    HEURISTIC_MAX_SPLITS. Then, for requests of at least WAVE_MIN_REQUEST_ROWS rows (num_heads x q_len,
+    where the tensor cores bind), the wave model, time ~ waves x (tiles a piece + PIECE_COST_TILES) with
+    waves = ceil(CTAs x k / num_sms) for k pieces: the count up to that cap with the least modelled time
+    replaces this one when it models below WAVE_MARGIN_PERCENT % of it (a last wave that leaves SMs
+    idle, e.g. 192 CTAs on 132 SMs: 2 pieces). When the pieces this gives are short enough for the variant's second kernel
     (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
     """
     q_rows, per_req = _request_rows(num_heads, q_len, variant_heads)

@@ -169,6 +169,14 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(66, 32, 2, 16384, 132, "fp8_e4m3") == 1   # fp8: 32-row CTAs, 132 of them
     assert _splits(4, 32, 2, 4096, 132, "fp8_e4m3") == 16    # 8 CTAs: 16 pieces of 256 keys
     assert _splits(4, 32, 1, 4096, 132, "fp8_e4m3") == 32    # fp8 32 heads q_len 1: 32-row CTAs
+    # a last wave that leaves SMs idle (the wave model): 192 64-row CTAs on 132 SMs take two waves, the
+    # second 45% full; 2 pieces make three full waves of half the tiles
+    assert _splits(32, 128, 3, 16384, 132) == 2            # 6 CTAs per request: 192
+    assert _splits(128, 128, 3, 16384, 132) == 1           # 768 CTAs: 5.8 waves, full enough
+    assert _splits(128, 128, 1, 16384, 132) == 1           # 256 CTAs: 1.94 waves
+    assert _splits(96, 128, 1, 16384, 132) == 2            # 192 CTAs
+    assert _splits(48, 128, 1, 16384, 132) == 4            # 96 CTAs: one wave is 73% of the SMs; 4 pieces, 3 waves
+    assert _splits(96, 128, 1, 256, 132) == 1              # 4 tiles: a piece's fixed cost outweighs the wave
     # integer arithmetic: a length far beyond float range still gives the capped split count
     assert _splits(1, 16, 1, 2**1100, 132) == 64
     assert _splits(1, 16, 1, 0, 132) == 1
