@@ -177,6 +177,9 @@ def test_split_heuristic_and_workspace_size():
     assert _splits(96, 128, 1, 16384, 132) == 2            # 192 CTAs
     assert _splits(48, 128, 1, 16384, 132) == 4            # 96 CTAs: one wave is 73% of the SMs; 4 pieces, 3 waves
     assert _splits(96, 128, 1, 256, 132) == 1              # 4 tiles: a piece's fixed cost outweighs the wave
+    assert _splits(96, 128, 1, 1024, 132) == 1             # pieces of 8 tiles: measured 1.12x slower at 2
+    assert _splits(96, 64, 1, 4096, 132) == 1              # 64 rows a request: memory-bound, 4 pieces ran 1.16x
+    assert _splits(96, 16, 3, 16384, 132) == 1             # 48 rows a request: likewise (1.05x at 4 pieces)
     # integer arithmetic: a length far beyond float range still gives the capped split count
     assert _splits(1, 16, 1, 2**1100, 132) == 64
     assert _splits(1, 16, 1, 0, 132) == 1
