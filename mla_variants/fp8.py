@@ -34,14 +34,27 @@ def _check_scale(k_scale) -> float:
     return scale
 
 
-def _tensors(**named) -> None:
-    """ValueError naming the first argument that is not a dense tensor with data."""
+def is_integer_tensor(t: torch.Tensor) -> bool:
+    """Whether t holds integers (not float, complex or bool): block tables, lengths, positions."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype is torch.bool)
+
+
+def check_dense(error=ValueError, **named) -> None:
+    """`error` naming the first argument that is not a dense tensor with data (a non-tensor, a sparse,
+    nested or meta tensor); the helpers here raise ValueError, the references MLAInputError."""
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+            raise error(f"{name}: expected a tensor, got {type(t).__name__}")
         if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
-            raise ValueError(f"{name}: expected a dense tensor with data, got a {'nested' if t.is_nested else t.layout} "
-                             f"tensor on {t.device}")
+            raise error(f"{name}: expected a dense tensor with data, got a {'nested' if t.is_nested else t.layout} "
+                        f"tensor on {t.device}")
+
+
+def check_compute_dtype(dtype, error=ValueError) -> None:
+    """`error` unless dtype is a float torch.dtype of 16 bits or more (what dequantize_kv and the
+    references compute in)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
+        raise error(f"dtype: expected a float torch.dtype of 16 bits or more, got {dtype!r}")
 
 
 def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
@@ -49,7 +62,7 @@ def quantize_kv(real: torch.Tensor, k_scale) -> torch.Tensor:
     rounded to nearest and clamped to +-448 (e4m3fn, "FP8 Formats for Deep Learning", arXiv:2209.05433);
     NaN stays NaN. Returns the same shape. Raises ValueError for a non-tensor `real` or a non-positive or
     non-finite k_scale."""
-    _tensors(real=real)
+    check_dense(real=real)
     scale = _check_scale(k_scale)
     return (real.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
@@ -59,9 +72,8 @@ def dequantize_kv(cache: torch.Tensor, k_scale, dtype: torch.dtype = torch.float
 
     Raises ValueError if cache is not a float8_e4m3fn tensor, k_scale is missing, non-positive or not
     finite, or dtype is not a float torch.dtype."""
-    _tensors(cache=cache)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
-        raise ValueError(f"dtype: expected a float torch.dtype of 16 bits or more, got {dtype!r}")
+    check_dense(cache=cache)
+    check_compute_dtype(dtype)
     if cache.dtype != FP8_DTYPE:
         raise ValueError(f"cache: expected dtype {FP8_DTYPE}, got {cache.dtype}")
     if k_scale is None:
@@ -79,7 +91,7 @@ def write_kv_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, new_kv: t
     layer of a larger buffer).
     Raises ValueError naming the argument for wrong shapes, dtypes or slots, a missing k_scale for an
     fp8 cache, or a k_scale given for a bf16/fp16 cache."""
-    _tensors(kv_cache=kv_cache, slot_mapping=slot_mapping, new_kv=new_kv)
+    check_dense(kv_cache=kv_cache, slot_mapping=slot_mapping, new_kv=new_kv)
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != 576:
         raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 576], got {tuple(kv_cache.shape)}")
     if kv_cache.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
@@ -113,12 +125,11 @@ def slot_mapping_for(block_table: torch.Tensor, positions: torch.Tensor, page_si
     past the table's width, positions of another shape, a position whose page entry is negative (an
     unallocated page: its token would otherwise be dropped), arguments that are not integer tensors, and
     a page_size outside 1..2**20."""
-    _tensors(block_table=block_table, positions=positions)
-    integer = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-    if block_table.dim() != 2 or block_table.shape[1] < 1 or block_table.dtype not in integer:
+    check_dense(block_table=block_table, positions=positions)
+    if block_table.dim() != 2 or block_table.shape[1] < 1 or not is_integer_tensor(block_table):
         raise ValueError(f"block_table: expected an integer tensor of shape [batch, max_pages >= 1], got "
                          f"{block_table.dtype} {tuple(block_table.shape)}")
-    if positions.dim() != 1 or positions.shape[0] != block_table.shape[0] or positions.dtype not in integer:
+    if positions.dim() != 1 or positions.shape[0] != block_table.shape[0] or not is_integer_tensor(positions):
         raise ValueError(f"positions: expected an integer tensor of shape [batch={block_table.shape[0]}] (one per "
                          f"block_table row), got {positions.dtype} {tuple(positions.shape)}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 2**20:

@@ -3,25 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from .fp8 import FP8_DTYPE, dequantize_kv
+from .fp8 import FP8_DTYPE, check_compute_dtype, check_dense, dequantize_kv, is_integer_tensor
 from .validation import HEAD_DIM, KV_LORA_RANK, SOFTMAX_SCALE_RANGE, MLAInputError, softmax_scale_ok
-
-
-def _integer(t: torch.Tensor) -> bool:
-    return not (t.is_floating_point() or t.is_complex() or t.dtype is torch.bool)
-
-
-def check_compute_dtype(dtype) -> None:
-    """MLAInputError unless dtype is a float dtype of at least 16 bits (the references compute in it)."""
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
-        raise MLAInputError(f"dtype: expected a float torch.dtype of 16 bits or more to compute in, got {dtype!r}")
 
 
 def check_readable(name: str, t: torch.Tensor) -> None:
     """MLAInputError unless t is a dense tensor with data (the references index and read it)."""
-    if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
-        raise MLAInputError(f"{name}: expected a dense tensor with data, got a {'nested' if t.is_nested else t.layout} "
-                             f"tensor on {t.device}")
+    check_dense(MLAInputError, **{name: t})
 
 
 def joined_q(q, lead: str):
@@ -76,7 +64,7 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
         if not isinstance(t, torch.Tensor):
             raise MLAInputError(f"{name}: expected a tensor, got {type(t).__name__}")
         check_readable(name, t)
-    check_compute_dtype(dtype)
+    check_compute_dtype(dtype, MLAInputError)
     if not q.is_floating_point():
         raise MLAInputError(f"q: expected a float dtype, got {q.dtype}")
     if not (kv_cache.is_floating_point() or kv_cache.dtype == FP8_DTYPE):
@@ -90,10 +78,10 @@ def mla_decode_reference(q, kv_cache: torch.Tensor, block_table: torch.Tensor, s
     if q.dim() != 4 or kv_cache.dim() != 3 or q.shape[-1] != HEAD_DIM or kv_cache.shape[-1] != HEAD_DIM:
         raise MLAInputError(f"q/kv_cache: expected q [batch, q_len, num_heads, {HEAD_DIM}] and kv_cache [num_pages, "
                              f"page_size, {HEAD_DIM}], got {tuple(q.shape)} and {tuple(kv_cache.shape)}")
-    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or not _integer(block_table):
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or not is_integer_tensor(block_table):
         raise MLAInputError(f"block_table: expected an integer tensor of shape [batch={q.shape[0]}, max_pages], "
                              f"got {block_table.dtype} {tuple(block_table.shape)}")
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or not _integer(seq_lens):
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != q.shape[0] or not is_integer_tensor(seq_lens):
         raise MLAInputError(f"seq_lens: expected an integer tensor of shape [batch={q.shape[0]}], "
                              f"got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     check_softmax_scale(softmax_scale)

@@ -65,8 +65,9 @@ def num_kv_splits_for(facts: PathFacts, batch: int, num_heads: int, q_len: int, 
     where the tensor cores bind), the wave model, time ~ waves x (tiles a piece + PIECE_COST_TILES) with
     waves = ceil(CTAs x k / num_sms) for k pieces: the count up to that cap with the least modelled time
     replaces this one when it models below WAVE_MARGIN_PERCENT % of it (a last wave that leaves SMs
-    idle, e.g. 192 CTAs on 132 SMs: 2 pieces). When the pieces this gives are short enough for the variant's second kernel
-    (facts.runs_second), which has other rows per CTA, the count is taken again for that kernel's CTAs.
+    idle, e.g. 192 CTAs on 132 SMs: 2 pieces). When the pieces this gives are short enough for the
+    variant's second kernel (facts.runs_second), which has other rows per CTA, the count is taken again
+    for that kernel's CTAs.
     """
     q_rows, per_req = _request_rows(num_heads, q_len, variant_heads)
     rows = facts.rows_for(q_rows)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, Q_DTYPES, byte_span, check_no_overlap, check_tensor, \
-    fail, shown
+from .validation import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, Q_DTYPES, MLAInputError, byte_span, check_no_overlap, \
+    check_tensor, fail, shown
 
 
 def _check(q, query_start_loc, max_q_len: int, out, lse, inputs=()):
@@ -198,17 +198,18 @@ def mla_decode_varlen_reference(q, kv_cache: torch.Tensor, block_table: torch.Te
     [num_heads, total_q_tokens]) in `dtype`. Raises MLAInputError (a ValueError) for a malformed q or
     query_start_loc, or seq_lens / block_table without one row per request, and what
     mla_decode_reference raises (naming request b's entries)."""
-    from .reference import _integer, check_compute_dtype, check_readable, check_softmax_scale, joined_q, mla_decode_reference
+    from .fp8 import check_compute_dtype, is_integer_tensor
+    from .reference import check_readable, check_softmax_scale, joined_q, mla_decode_reference
 
     packed = joined_q(q, "total_q_tokens, num_heads")
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3:
         fail("q", "a tensor [total_q_tokens, num_heads, 576] (or the pair)", shown(q))
     check_readable("q", packed)
-    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or not _integer(query_start_loc) \
-            or query_start_loc.shape[0] < 2:
+    if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 \
+            or not is_integer_tensor(query_start_loc) or query_start_loc.shape[0] < 2:
         fail("query_start_loc", "a 1-d integer tensor [batch + 1] with batch >= 1", shown(query_start_loc))
     check_readable("query_start_loc", query_start_loc)
-    check_compute_dtype(dtype)
+    check_compute_dtype(dtype, MLAInputError)
     check_batch(query_start_loc, block_table, seq_lens)
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != query_start_loc.shape[0] - 1:
