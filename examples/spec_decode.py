@@ -18,9 +18,9 @@ Every step's output is checked against mla_decode_reference run per request; the
 if all steps match (fp32 reference: 1e-5; kernels: the library's bf16 / fp8 tolerances).
 
 On the GPU the step's tensors live in buffers sized once (max_batch requests, max_batch x max_q_len
-query rows, the pages of max_seq_len tokens), the plan allocates its padded buffers at the first
-run_varlen, and the attention is captured once in a CUDA graph and replayed every step with new
-query_start_loc and seq_lens values, which is what engines do.
+query rows, the pages of max_seq_len tokens), run_varlen allocates nothing, and the attention is
+captured once in a CUDA graph and replayed every step with new query_start_loc and seq_lens values,
+which is what engines do.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         def attention():  # the captured step: reads query_start_loc, seq_lens and q_buf as they are at replay
             plan.run_varlen(q_buf, cache, block_table, seq_lens, SOFTMAX_SCALE, query_start_loc=query_start_loc,
                             out=out_buf, lse=lse_buf, k_scale=k_scale)
-        attention()  # the plan allocates its padded buffers here, before the capture
+        attention()  # one eager step (loads the library, warms the launch) before the capture
         graph = capture_graph(attention)
 
     ok = True
